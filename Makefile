@@ -1,0 +1,34 @@
+# pgtender. Tests start their own PostgreSQL (internal/testpg); `make run`
+# starts a sandbox one (deploy/sandbox.sh).
+
+GO ?= go
+# A fresh shell may not have Go on PATH yet; the official tarball installs here.
+export PATH := $(PATH):/usr/local/go/bin
+
+.PHONY: build run test test-short bench fmt clean
+
+build:
+	$(GO) build -o bin/pgtender ./cmd/pgtender
+ifneq ($(wildcard cmd/loginstorm),)
+	$(GO) build -o bin/loginstorm ./cmd/loginstorm
+endif
+
+run:
+	deploy/sandbox.sh
+
+test:
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+# No PostgreSQL needed: testpg.StartTB skips under -short.
+test-short:
+	$(GO) test -short ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+fmt:
+	$(GO) fmt ./...
+
+clean:
+	rm -rf bin coverage.out coverage.html *.coverprofile

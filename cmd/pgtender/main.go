@@ -1,0 +1,178 @@
+// Command pgtender runs the pgtender connection pooler.
+//
+//	pgtender --config pgdog.toml --users users.toml
+//	pgtender --check-config --config pgdog.toml --users users.toml
+//
+// SIGHUP reloads both files; SIGTERM and SIGINT drain (a second signal
+// exits at once).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	flags := flag.NewFlagSet("pgtender", flag.ContinueOnError)
+	configPath := flags.String("config", "pgdog.toml", "path to pgdog.toml")
+	usersPath := flags.String("users", "users.toml", "path to users.toml (optional)")
+	checkConfig := flags.Bool("check-config", false, "validate the configuration files, print every problem and exit")
+	showVersion := flags.Bool("version", false, "print the version and exit")
+	if err := flags.Parse(args); err != nil {
+		return 2
+	}
+	if *showVersion {
+		fmt.Println("pgtender", version)
+		return 0
+	}
+	if _, err := os.Stat(*usersPath); err != nil && !isFlagSet(flags, "users") {
+		*usersPath = "" // the default users.toml is optional
+	}
+
+	cfg, err := config.Load(*configPath, *usersPath)
+	if *checkConfig {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Printf("configuration is valid: %s", *configPath)
+		if *usersPath != "" {
+			fmt.Printf(", %s", *usersPath)
+		}
+		fmt.Println()
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+
+	log, err := newLogger(cfg.General)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgtender:", err)
+		return 1
+	}
+	defer log.Sync()
+
+	p, err := pooler.New(cfg, log, nil)
+	if err != nil {
+		log.Error("cannot start", zap.Error(err))
+		return 1
+	}
+	if err := p.Listen(); err != nil {
+		log.Error("cannot listen", zap.Error(err))
+		return 1
+	}
+	log.Info("pgtender started", zap.String("version", version), zap.String("pooler_mode", string(cfg.General.PoolerMode)),
+		zap.String("passthrough_auth", string(cfg.General.PassthroughAuth)))
+
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- p.Serve() }()
+
+	for {
+		select {
+		case err := <-serveDone:
+			if !errors.Is(err, pooler.ErrServerClosed) {
+				log.Error("serve failed", zap.Error(err))
+				return 1
+			}
+			return 0
+		case sig := <-signals:
+			if sig == syscall.SIGHUP {
+				reload(p, log, *configPath, *usersPath)
+				continue
+			}
+			return drain(p, log, sig, signals, cfg.General.ShutdownTimeout.Duration())
+		}
+	}
+}
+
+// reload re-reads both files; a broken file leaves the running config as
+// it is.
+func reload(p *pooler.Pooler, log *zap.Logger, configPath, usersPath string) {
+	cfg, err := config.Load(configPath, usersPath)
+	if err != nil {
+		log.Error("reload failed; keeping the running configuration", zap.Error(err))
+		return
+	}
+	if err := p.Reload(cfg); err != nil {
+		log.Error("reload failed; keeping the running configuration", zap.Error(err))
+	}
+}
+
+// drain shuts down gracefully, up to timeout; a second signal exits at once.
+func drain(p *pooler.Pooler, log *zap.Logger, sig os.Signal, signals chan os.Signal, timeout time.Duration) int {
+	log.Info("draining: no new connections; transactions in flight may finish", zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", timeout))
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- p.Shutdown(ctx) }()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				log.Warn("shutdown_timeout expired; closed the remaining connections", zap.Error(err))
+			} else {
+				log.Info("drained")
+			}
+			return 0
+		case sig := <-signals:
+			if sig == syscall.SIGHUP {
+				continue
+			}
+			log.Warn("second signal: exiting at once", zap.String("signal", sig.String()))
+			return 1
+		}
+	}
+}
+
+func newLogger(general config.General) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(general.LogLevel)
+	if err != nil {
+		return nil, fmt.Errorf("log_level: %w", err)
+	}
+	zc := zap.NewProductionConfig()
+	zc.Level = zap.NewAtomicLevelAt(level)
+	zc.Encoding = "json"
+	if general.LogFormat == "text" {
+		zc.Encoding = "console"
+		zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	}
+	zc.DisableStacktrace = true
+	// Sampling keeps a storm of identical lines (refused logins, checkout
+	// timeouts) from making logging the bottleneck: per second, the first
+	// 100 of each message are logged, then every 100th.
+	zc.Sampling = &zap.SamplingConfig{Initial: 100, Thereafter: 100}
+	return zc.Build()
+}
+
+func isFlagSet(flags *flag.FlagSet, name string) bool {
+	set := false
+	flags.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			set = true
+		}
+	})
+	return set
+}

@@ -1,0 +1,233 @@
+// Package integration tests pgtender against a real PostgreSQL started by
+// the test harness itself, with real clients (pgx, psql, pgbench).
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/internal/testpg"
+	"github.com/pgtender/pgtender/pooler"
+)
+
+// The shared cluster and the roles every test may use.
+var pg *testpg.Server
+
+const (
+	appUser     = "app"
+	appPassword = "app-secret"
+	appDB       = "appdb"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	var err error
+	pg, err = testpg.Start(testpg.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration: cannot start PostgreSQL:", err)
+		return 1
+	}
+	defer pg.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, step := range []func() error{
+		func() error { return pg.CreateRole(ctx, appUser, appPassword) },
+		func() error { return pg.CreateDatabase(ctx, appDB, appUser) },
+	} {
+		if err := step(); err != nil {
+			fmt.Fprintln(os.Stderr, "integration: setup:", err)
+			return 1
+		}
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "integration: leaked goroutines:", err)
+			return 1
+		}
+	}
+	return code
+}
+
+// poolerOptions describe one pgtender instance for a test.
+type poolerOptions struct {
+	general string // extra [general] lines
+	pool    string // extra [[databases]] lines
+	users   string // users.toml contents
+}
+
+// testPooler is an in-process pgtender in front of the shared cluster.
+type testPooler struct {
+	*pooler.Pooler
+	addr string
+	cfg  *config.Config
+}
+
+// startPooler writes pgdog.toml and users.toml for opts, loads them with
+// config.Load (so the real decoding is exercised) and starts a pooler on a
+// free loopback port; it is shut down at the end of the test.
+func startPooler(t *testing.T, opts poolerOptions) *testPooler {
+	t.Helper()
+	dir := t.TempDir()
+	main := fmt.Sprintf(`[general]
+host = "127.0.0.1"
+port = %d
+workers = 2
+min_pool_size = 0
+checkout_timeout = 5000
+client_login_timeout = 10000
+log_connections = false
+log_disconnections = false
+%s
+
+[[databases]]
+name = %q
+host = %q
+port = %d
+%s
+`, freePort(t), opts.general, appDB, pg.Host, pg.Port, opts.pool)
+	configPath := filepath.Join(dir, "pgdog.toml")
+	usersPath := filepath.Join(dir, "users.toml")
+	if err := os.WriteFile(configPath, []byte(main), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(usersPath, []byte(opts.users), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(configPath, usersPath)
+	if err != nil {
+		t.Fatalf("config.Load: %v\n%s", err, main)
+	}
+	p, err := pooler.New(cfg, zaptest.NewLogger(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- p.Serve() }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := p.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if err := <-served; !errors.Is(err, pooler.ErrServerClosed) {
+			t.Errorf("Serve returned %v", err)
+		}
+	})
+	return &testPooler{Pooler: p, addr: p.Addr().String(), cfg: cfg}
+}
+
+// connString is a libpq URL for user/password/database through the pooler.
+func (tp *testPooler) connString(user, password, database string) string {
+	host, port, _ := net.SplitHostPort(tp.addr)
+	return fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable&connect_timeout=10",
+		user, password, net.JoinHostPort(host, port), database)
+}
+
+// connect opens a pgx connection through the pooler using unnamed
+// statements only (named prepared statements across transactions need the
+// pooler's statement renaming, a later feature).
+func (tp *testPooler) connect(t testing.TB, ctx context.Context) *pgx.Conn {
+	t.Helper()
+	conn, err := tp.connectAs(ctx, appUser, appPassword, appDB)
+	if err != nil {
+		t.Fatalf("connect through pgtender: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func (tp *testPooler) connectAs(ctx context.Context, user, password, database string) (*pgx.Conn, error) {
+	cc, err := pgx.ParseConfig(tp.connString(user, password, database))
+	if err != nil {
+		return nil, err
+	}
+	cc.DefaultQueryExecMode = pgx.QueryExecModeExec
+	return pgx.ConnectConfig(ctx, cc)
+}
+
+// direct opens a superuser connection straight to Postgres.
+func direct(t testing.TB, ctx context.Context) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, pg.ConnString(pg.SuperUser, pg.SuperPassword, appDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// sqlState returns the SQLSTATE of err, or "" if it carries none.
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// eventually polls cond every 10 ms until it holds or timeout passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// serverConnections counts Postgres backends of user on the app database.
+func serverConnections(t testing.TB, ctx context.Context, conn *pgx.Conn, user string) int {
+	t.Helper()
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE usename = $1 AND datname = $2", user, appDB).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func joinLines(lines ...string) string { return strings.Join(lines, "\n") }
+
+func splitAddr(t testing.TB, addr string) (host, port string) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return host, port
+}

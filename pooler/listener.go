@@ -1,0 +1,127 @@
+package pooler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// Accept errors back off from acceptBackoffMin doubling to acceptBackoffMax,
+// as net/http does, so a persistent error (EMFILE) cannot spin a core.
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// listenWorkers opens one listening socket per worker on host:port, each
+// with SO_REUSEPORT so the kernel spreads new connections across them, and
+// each with the configured listen backlog. It returns the sockets and the
+// effective backlog (the kernel caps it at net.core.somaxconn).
+func listenWorkers(host string, port, workers, backlog int) ([]*net.TCPListener, int, error) {
+	listenConfig := net.ListenConfig{
+		Control: func(network, address string, raw syscall.RawConn) error {
+			var sockErr error
+			err := raw.Control(func(fd uintptr) {
+				sockErr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			})
+			if err != nil {
+				return err
+			}
+			return sockErr
+		},
+	}
+	var listeners []*net.TCPListener
+	closeAll := func() {
+		for _, l := range listeners {
+			l.Close()
+		}
+	}
+	address := net.JoinHostPort(host, strconv.Itoa(port))
+	for i := 0; i < workers; i++ {
+		l, err := listenConfig.Listen(context.Background(), "tcp", address)
+		if err != nil {
+			closeAll()
+			return nil, 0, fmt.Errorf("listen on %s: %w", address, err)
+		}
+		tcpListener := l.(*net.TCPListener)
+		// Go listens with net.core.somaxconn; calling listen(2) again on a
+		// listening socket sets the backlog the operator asked for.
+		if err := setBacklog(tcpListener, backlog); err != nil {
+			l.Close()
+			closeAll()
+			return nil, 0, err
+		}
+		listeners = append(listeners, tcpListener)
+		if port == 0 {
+			// Port 0 picks a free port once; the other workers share it.
+			address = tcpListener.Addr().String()
+		}
+	}
+	effective := backlog
+	if somaxconn, err := readSomaxconn(); err == nil && somaxconn < backlog {
+		effective = somaxconn
+	}
+	return listeners, effective, nil
+}
+
+func setBacklog(l *net.TCPListener, backlog int) error {
+	raw, err := l.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var listenErr error
+	if err := raw.Control(func(fd uintptr) { listenErr = unix.Listen(int(fd), backlog) }); err != nil {
+		return err
+	}
+	if listenErr != nil {
+		return fmt.Errorf("listen(2) with backlog %d: %w", backlog, listenErr)
+	}
+	return nil
+}
+
+func readSomaxconn() (int, error) {
+	data, err := os.ReadFile("/proc/sys/net/core/somaxconn")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(data)))
+}
+
+// acceptLoop accepts connections on one worker's socket and starts a
+// session goroutine for each. It never waits on a client.
+func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
+	defer p.wg.Done()
+	backoff := time.Duration(0)
+	for {
+		conn, err := l.AcceptTCP()
+		if err != nil {
+			if p.draining.Load() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if backoff == 0 {
+				backoff = acceptBackoffMin
+			} else {
+				backoff = min(2*backoff, acceptBackoffMax)
+			}
+			p.log.Warn("accept failed; backing off", zap.Int("worker", worker), zap.Duration("backoff", backoff), zap.Error(err))
+			select {
+			case <-time.After(backoff):
+			case <-p.done:
+				return
+			}
+			continue
+		}
+		backoff = 0
+		p.wg.Add(1)
+		go p.serveConn(conn)
+	}
+}

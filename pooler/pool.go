@@ -1,0 +1,404 @@
+package pooler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pgtender/pgtender/config"
+)
+
+// poolKey names a pool: one per (user, database) as clients name them.
+type poolKey struct {
+	user, database string
+}
+
+func (k poolKey) String() string { return k.user + "@" + k.database }
+
+// poolSettings is what a pool needs from the configuration. A reload that
+// changes only sizes updates them in place; a change of anything a server
+// connection depends on (endpoint, credentials, mode) replaces the pool.
+type poolSettings struct {
+	size            int
+	minSize         int
+	mode            config.PoolerMode
+	idleTimeout     time.Duration
+	serverLifetime  time.Duration
+	checkoutTimeout time.Duration
+	rollbackTimeout time.Duration
+}
+
+// Pool holds the server connections of one (user, database). Acquire takes
+// an idle connection, opens a new one while the pool is below its size, or
+// waits in line (FIFO) for one to come back, up to checkout_timeout.
+//
+// mu guards idle, waiters, total and closed; settings, counters and params
+// are read without it.
+type Pool struct {
+	key      poolKey
+	settings atomic.Pointer[poolSettings]
+	// connect opens a new authenticated server connection for this pool.
+	connect func(ctx context.Context) (*ServerConn, error)
+
+	mu      sync.Mutex
+	idle    []*ServerConn // LIFO: the most recently used connection is warmest
+	waiters []*poolWaiter // FIFO
+	total   int           // open connections plus those being opened
+	closed  bool
+
+	params atomic.Pointer[[]serverParameter] // ParameterStatus set sent to clients at login
+
+	// endpoint is where and as whom the pool connects (without the
+	// passthrough password); a reload that changes it replaces the pool.
+	endpoint serverEndpoint
+
+	growMu      sync.Mutex // guards growing, growBackoff, nextGrow
+	growing     bool
+	growBackoff time.Duration
+	nextGrow    time.Time
+
+	stats poolStats
+}
+
+// poolWaiter is a client waiting for a connection. The pool sends it a
+// connection; capacityGranted to say that capacity is reserved for it and it
+// should open a connection itself; or nil when the pool closed.
+type poolWaiter struct {
+	ch chan *ServerConn // capacity 1: the pool never blocks handing over
+}
+
+// capacityGranted is the signal value telling a waiter to open a connection.
+var capacityGranted = new(ServerConn)
+
+// serverParameter is one ParameterStatus value.
+type serverParameter struct{ name, value string }
+
+// poolStats are the pool's counters, read by metrics and the admin console.
+type poolStats struct {
+	checkouts         atomic.Int64
+	checkoutTimeouts  atomic.Int64
+	serverConnects    atomic.Int64
+	serverConnectErrs atomic.Int64
+	waitNanos         atomic.Int64
+}
+
+func newPool(key poolKey, settings poolSettings, connect func(ctx context.Context) (*ServerConn, error)) *Pool {
+	p := &Pool{key: key, connect: connect}
+	p.settings.Store(&settings)
+	return p
+}
+
+// Acquire returns a server connection for the caller's exclusive use; the
+// caller must give it back with Release or Discard. It waits at most until
+// ctx ends and returns ErrCheckoutTimeout (or ErrPoolClosed) then.
+func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
+	p.stats.checkouts.Add(1)
+	p.mu.Lock()
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			return nil, ErrPoolClosed
+		}
+		if n := len(p.idle); n > 0 {
+			sc := p.idle[n-1]
+			p.idle[n-1] = nil
+			p.idle = p.idle[:n-1]
+			p.mu.Unlock()
+			if sc.idleAndAlive() {
+				return sc, nil
+			}
+			sc.close()
+			p.mu.Lock()
+			p.total--
+			continue
+		}
+		if p.total < p.settings.Load().size {
+			p.total++
+			p.mu.Unlock()
+			return p.open(ctx)
+		}
+		break
+	}
+	waiter := &poolWaiter{ch: make(chan *ServerConn, 1)}
+	p.waiters = append(p.waiters, waiter)
+	p.mu.Unlock()
+
+	start := time.Now()
+	defer func() { p.stats.waitNanos.Add(int64(time.Since(start))) }()
+	select {
+	case sc := <-waiter.ch:
+		switch sc {
+		case nil:
+			return nil, ErrPoolClosed
+		case capacityGranted:
+			return p.open(ctx)
+		}
+		return sc, nil
+	case <-ctx.Done():
+		p.mu.Lock()
+		for i, w := range p.waiters {
+			if w == waiter {
+				p.waiters = append(p.waiters[:i], p.waiters[i+1:]...)
+				p.mu.Unlock()
+				p.stats.checkoutTimeouts.Add(1)
+				return nil, ErrCheckoutTimeout
+			}
+		}
+		p.mu.Unlock()
+		// The pool handed us something just as we gave up: pass it on.
+		switch sc := <-waiter.ch; sc {
+		case nil:
+		case capacityGranted:
+			p.mu.Lock()
+			p.total--
+			p.handOffCapacityLocked()
+			p.mu.Unlock()
+		default:
+			p.Release(sc)
+		}
+		p.stats.checkoutTimeouts.Add(1)
+		return nil, ErrCheckoutTimeout
+	}
+}
+
+// open opens a connection for capacity already counted in total.
+func (p *Pool) open(ctx context.Context) (*ServerConn, error) {
+	sc, err := p.connect(ctx)
+	if err != nil {
+		p.stats.serverConnectErrs.Add(1)
+		p.mu.Lock()
+		p.total--
+		p.handOffCapacityLocked()
+		p.mu.Unlock()
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: opening a server connection: %w", ErrCheckoutTimeout, err)
+		}
+		return nil, err
+	}
+	p.stats.serverConnects.Add(1)
+	sc.pool = p
+	p.storeParams(sc)
+	return sc, nil
+}
+
+// handOffCapacityLocked gives freed capacity to the first waiter, who opens
+// a connection itself. p.mu must be held.
+func (p *Pool) handOffCapacityLocked() {
+	if len(p.waiters) == 0 || p.closed || p.total >= p.settings.Load().size {
+		return
+	}
+	waiter := p.waiters[0]
+	p.waiters = p.waiters[1:]
+	p.total++
+	waiter.ch <- capacityGranted
+}
+
+// Release gives a clean server connection (outside any transaction, at a
+// message boundary) back to the pool.
+func (p *Pool) Release(sc *ServerConn) {
+	settings := p.settings.Load()
+	now := time.Now()
+	if settings.serverLifetime > 0 && now.Sub(sc.createdAt) > settings.serverLifetime {
+		p.Discard(sc)
+		return
+	}
+	p.mu.Lock()
+	if p.closed || p.total > settings.size {
+		p.total--
+		p.mu.Unlock()
+		sc.close()
+		return
+	}
+	if len(p.waiters) > 0 {
+		waiter := p.waiters[0]
+		p.waiters = p.waiters[1:]
+		p.mu.Unlock()
+		waiter.ch <- sc
+		return
+	}
+	sc.idleSince = now
+	p.idle = append(p.idle, sc)
+	p.mu.Unlock()
+}
+
+// Discard closes a server connection that must not be reused (broken,
+// dirty, or past its lifetime) and lets a waiter open a replacement.
+func (p *Pool) Discard(sc *ServerConn) {
+	sc.close()
+	p.mu.Lock()
+	p.total--
+	p.handOffCapacityLocked()
+	p.mu.Unlock()
+}
+
+// Add puts a connection opened outside the pool (the one that verified a
+// passthrough password) into it, or closes it when the pool is full.
+func (p *Pool) Add(sc *ServerConn) {
+	sc.pool = p
+	p.storeParams(sc)
+	p.mu.Lock()
+	if p.closed || p.total >= p.settings.Load().size {
+		p.mu.Unlock()
+		sc.close()
+		return
+	}
+	p.total++
+	p.mu.Unlock()
+	p.Release(sc)
+}
+
+// storeParams caches the first server connection's ParameterStatus set for
+// the pool's client logins.
+func (p *Pool) storeParams(sc *ServerConn) {
+	if p.params.Load() != nil || len(sc.params) == 0 {
+		return
+	}
+	params := make([]serverParameter, 0, len(sc.params))
+	for name, value := range sc.params {
+		params = append(params, serverParameter{name: name, value: value})
+	}
+	p.params.CompareAndSwap(nil, &params)
+}
+
+// parameters returns the ParameterStatus set for a client login, opening a
+// server connection first when the pool has never had one.
+func (p *Pool) parameters(ctx context.Context) ([]serverParameter, error) {
+	if params := p.params.Load(); params != nil {
+		return *params, nil
+	}
+	sc, err := p.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p.Release(sc)
+	if params := p.params.Load(); params != nil {
+		return *params, nil
+	}
+	return nil, nil
+}
+
+// maintain closes connections idle longer than idle_timeout (keeping
+// min_pool_size) or older than server_lifetime, and reports how many
+// connections the pool should open to get back to min_pool_size.
+func (p *Pool) maintain(now time.Time) (missing int) {
+	settings := p.settings.Load()
+	var expired []*ServerConn
+	p.mu.Lock()
+	kept := p.idle[:0]
+	for i, sc := range p.idle {
+		// The idle slice is LIFO, so the oldest idle connections come first.
+		tooIdle := settings.idleTimeout > 0 && now.Sub(sc.idleSince) > settings.idleTimeout && p.total > settings.minSize
+		tooOld := settings.serverLifetime > 0 && now.Sub(sc.createdAt) > settings.serverLifetime
+		if tooIdle || tooOld || p.closed {
+			expired = append(expired, sc)
+			p.total--
+			p.idle[i] = nil
+			continue
+		}
+		kept = append(kept, sc)
+	}
+	for i := len(kept); i < len(p.idle); i++ {
+		p.idle[i] = nil
+	}
+	p.idle = kept
+	if !p.closed && p.total < settings.minSize {
+		missing = settings.minSize - p.total
+	}
+	p.mu.Unlock()
+	for _, sc := range expired {
+		sc.close()
+	}
+	return missing
+}
+
+// grow opens one connection in the background to keep min_pool_size.
+func (p *Pool) grow(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed || p.total >= p.settings.Load().minSize {
+		p.mu.Unlock()
+		return nil
+	}
+	p.total++
+	p.mu.Unlock()
+	sc, err := p.open(ctx)
+	if err != nil {
+		return err
+	}
+	p.Release(sc)
+	return nil
+}
+
+// Background growth backs off from minGrowBackoff doubling to
+// maxGrowBackoff after each failure.
+const (
+	minGrowBackoff = time.Second
+	maxGrowBackoff = time.Minute
+)
+
+// growAllowed reports whether a background grow may start now, and marks
+// one as running if so.
+func (p *Pool) growAllowed(now time.Time) bool {
+	p.growMu.Lock()
+	defer p.growMu.Unlock()
+	if p.growing || now.Before(p.nextGrow) {
+		return false
+	}
+	p.growing = true
+	return true
+}
+
+// growDone records the end of a background grow and its backoff.
+func (p *Pool) growDone(now time.Time, err error) {
+	p.growMu.Lock()
+	defer p.growMu.Unlock()
+	p.growing = false
+	if err == nil {
+		p.growBackoff = 0
+		return
+	}
+	p.growBackoff = min(max(2*p.growBackoff, minGrowBackoff), maxGrowBackoff)
+	p.nextGrow = now.Add(p.growBackoff)
+}
+
+// close stops the pool: idle connections are closed now, linked ones when
+// they come back, and waiters get ErrPoolClosed.
+func (p *Pool) close() {
+	p.mu.Lock()
+	p.closed = true
+	idle := p.idle
+	p.idle = nil
+	p.total -= len(idle)
+	waiters := p.waiters
+	p.waiters = nil
+	p.mu.Unlock()
+	for _, sc := range idle {
+		sc.close()
+	}
+	for _, w := range waiters {
+		w.ch <- nil
+	}
+}
+
+// PoolStat is a snapshot of a pool's state.
+type PoolStat struct {
+	User, Database string
+	Mode           config.PoolerMode
+	Size           int
+	Idle           int
+	Total          int
+	Waiting        int
+}
+
+// Stat returns a snapshot of the pool's state.
+func (p *Pool) Stat() PoolStat {
+	settings := p.settings.Load()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return PoolStat{
+		User: p.key.user, Database: p.key.database, Mode: settings.mode, Size: settings.size,
+		Idle: len(p.idle), Total: p.total, Waiting: len(p.waiters),
+	}
+}

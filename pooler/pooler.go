@@ -1,0 +1,418 @@
+package pooler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgtender/pgtender/auth"
+	"github.com/pgtender/pgtender/config"
+)
+
+// maxConcurrentServerConnects bounds how many server connections pgtender
+// opens at once, across all pools, so that a login storm against cold pools
+// does not fork hundreds of Postgres backends in the same instant. Each
+// pool is bounded by its size as well.
+const maxConcurrentServerConnects = 16
+
+// maintenanceInterval is how often idle and old server connections are
+// closed and pools are topped up to min_pool_size.
+const maintenanceInterval = time.Second
+
+// Pooler is the connection pooler: listeners, client sessions and pools.
+// Create it with New, then Listen, Serve and finally Shutdown.
+type Pooler struct {
+	log      *zap.Logger
+	recorder LoginRecorder
+	registry *auth.Registry
+
+	// state is the running configuration with what was derived from it;
+	// Reload replaces it as a whole.
+	state atomic.Pointer[runtimeState]
+
+	poolsMu sync.Mutex
+	pools   map[poolKey]*Pool
+
+	sessionsMu sync.Mutex
+	sessions   map[uint32]*session // every session, by its BackendKeyData process id
+
+	listeners        []*net.TCPListener
+	connectSlots     chan struct{} // semaphore of maxConcurrentServerConnects
+	nextProcessID    atomic.Uint32
+	clientCount      atomic.Int64
+	draining         atomic.Bool
+	done             chan struct{}   // closed by Shutdown; stops background loops
+	ctx              context.Context // canceled by Shutdown; bounds background server connects
+	cancel           context.CancelFunc
+	shutdownOnce     sync.Once
+	wg               sync.WaitGroup // every goroutine the pooler starts
+	serveStarted     atomic.Bool
+	effectiveBacklog int
+}
+
+// runtimeState is one immutable configuration generation.
+type runtimeState struct {
+	cfg *config.Config
+	// credentials of users.toml users, derived once per load so that a
+	// SCRAM login costs HMACs rather than PBKDF2.
+	credentials map[auth.Key]*auth.Credentials
+}
+
+// New returns a pooler for cfg, which must come from config.Load. log and
+// recorder may be nil.
+func New(cfg *config.Config, log *zap.Logger, recorder LoginRecorder) (*Pooler, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if recorder == nil {
+		recorder = nopRecorder{}
+	}
+	state, err := newRuntimeState(cfg)
+	if err != nil {
+		return nil, err
+	}
+	p := &Pooler{
+		log:          log,
+		recorder:     recorder,
+		registry:     auth.NewRegistry(cfg.General.PassthroughAuth),
+		pools:        make(map[poolKey]*Pool),
+		sessions:     make(map[uint32]*session),
+		connectSlots: make(chan struct{}, maxConcurrentServerConnects),
+		done:         make(chan struct{}),
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.state.Store(state)
+	return p, nil
+}
+
+func newRuntimeState(cfg *config.Config) (*runtimeState, error) {
+	state := &runtimeState{cfg: cfg, credentials: make(map[auth.Key]*auth.Credentials)}
+	if cfg.General.PassthroughAuth.Enabled() {
+		return state, nil
+	}
+	for _, user := range cfg.Users {
+		if user.Password == "" {
+			continue
+		}
+		creds, err := auth.NewCredentials(user.Name, user.Password)
+		if err != nil {
+			return nil, fmt.Errorf("users.toml: user %q: %w", user.Name, err)
+		}
+		state.credentials[auth.Key{User: user.Name, Database: user.Database}] = creds
+	}
+	return state, nil
+}
+
+// Listen opens the listening sockets. It is separate from Serve so that a
+// caller knows the address (and can fail early) before serving.
+func (p *Pooler) Listen() error {
+	general := p.state.Load().cfg.General
+	listeners, effective, err := listenWorkers(general.Host, general.Port, general.Workers, general.ListenBacklog)
+	if err != nil {
+		return err
+	}
+	p.listeners = listeners
+	p.effectiveBacklog = effective
+	fields := []zap.Field{
+		zap.String("address", listeners[0].Addr().String()),
+		zap.Int("workers", len(listeners)),
+		zap.Int("listen_backlog", general.ListenBacklog),
+		zap.Int("effective_backlog", effective),
+	}
+	if effective < general.ListenBacklog {
+		p.log.Warn("listen_backlog capped by net.core.somaxconn; raise the sysctl to use it", fields...)
+	} else {
+		p.log.Info("listening", fields...)
+	}
+	return nil
+}
+
+// Addr is the address the pooler listens on (after Listen).
+func (p *Pooler) Addr() net.Addr { return p.listeners[0].Addr() }
+
+// EffectiveBacklog is the accept-queue size each listening socket got.
+func (p *Pooler) EffectiveBacklog() int { return p.effectiveBacklog }
+
+// Serve runs the accept loops and background maintenance until Shutdown,
+// then returns ErrServerClosed.
+func (p *Pooler) Serve() error {
+	if len(p.listeners) == 0 {
+		return errors.New("pooler: Serve called before Listen")
+	}
+	p.serveStarted.Store(true)
+	p.createConfiguredPools()
+	for i, l := range p.listeners {
+		p.wg.Add(1)
+		go p.acceptLoop(l, i)
+	}
+	p.wg.Add(1)
+	go p.maintenanceLoop()
+	<-p.done
+	return ErrServerClosed
+}
+
+// createConfiguredPools creates the pools of users.toml users up front, so
+// that min_pool_size warms them before the first client arrives.
+// Passthrough pools are created when their first password is verified.
+func (p *Pooler) createConfiguredPools() {
+	cfg := p.state.Load().cfg
+	if cfg.General.PassthroughAuth.Enabled() {
+		return
+	}
+	for _, user := range cfg.Users {
+		p.poolFor(user.Name, user.Database)
+	}
+}
+
+// Draining reports whether Shutdown has begun.
+func (p *Pooler) Draining() bool { return p.draining.Load() }
+
+// Shutdown drains the pooler: it stops accepting, ends idle client
+// sessions, lets transactions in flight reach their end, and when ctx ends
+// closes whatever is left. It returns once every goroutine has ended.
+func (p *Pooler) Shutdown(ctx context.Context) error {
+	p.shutdownOnce.Do(func() {
+		p.draining.Store(true)
+		for _, l := range p.listeners {
+			l.Close()
+		}
+		close(p.done)
+		p.cancel()
+	})
+	for _, s := range p.sessionList() {
+		s.endIfIdle()
+	}
+	ticker := time.NewTicker(10 * time.Millisecond)
+	defer ticker.Stop()
+	var err error
+wait:
+	for p.sessionCount() > 0 {
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+			for _, s := range p.sessionList() {
+				s.forceClose()
+			}
+			break wait
+		case <-ticker.C:
+			// Sessions that finished their transaction since the last
+			// pass are idle now.
+			for _, s := range p.sessionList() {
+				s.endIfIdle()
+			}
+		}
+	}
+	p.wg.Wait()
+	p.poolsMu.Lock()
+	for key, pool := range p.pools {
+		pool.close()
+		delete(p.pools, key)
+	}
+	p.poolsMu.Unlock()
+	return err
+}
+
+func (p *Pooler) sessionList() []*session {
+	p.sessionsMu.Lock()
+	defer p.sessionsMu.Unlock()
+	list := make([]*session, 0, len(p.sessions))
+	for _, s := range p.sessions {
+		list = append(list, s)
+	}
+	return list
+}
+
+func (p *Pooler) sessionCount() int {
+	p.sessionsMu.Lock()
+	defer p.sessionsMu.Unlock()
+	return len(p.sessions)
+}
+
+// serveConn runs one client session on its own goroutine.
+func (p *Pooler) serveConn(conn *net.TCPConn) {
+	defer p.wg.Done()
+	s := newSession(p, conn)
+	p.sessionsMu.Lock()
+	p.sessions[s.processID] = s
+	p.sessionsMu.Unlock()
+	p.clientCount.Add(1)
+	defer func() {
+		p.clientCount.Add(-1)
+		p.sessionsMu.Lock()
+		delete(p.sessions, s.processID)
+		p.sessionsMu.Unlock()
+	}()
+	s.serve()
+}
+
+// poolFor returns the pool of (user, database), creating it on first use.
+// ok is false when the database is not configured.
+func (p *Pooler) poolFor(user, database string) (*Pool, bool) {
+	key := poolKey{user: user, database: database}
+	p.poolsMu.Lock()
+	defer p.poolsMu.Unlock()
+	if pool, ok := p.pools[key]; ok {
+		return pool, true
+	}
+	state := p.state.Load()
+	pool, ok := p.newPool(state, key)
+	if !ok {
+		return nil, false
+	}
+	p.pools[key] = pool
+	return pool, true
+}
+
+// newPool builds the pool of key from the configuration in state.
+func (p *Pooler) newPool(state *runtimeState, key poolKey) (*Pool, bool) {
+	endpoint, settings, ok := poolConfig(state.cfg, key)
+	if !ok {
+		return nil, false
+	}
+	passthrough := state.cfg.General.PassthroughAuth.Enabled()
+	registryKey := auth.Key{User: key.user, Database: key.database}
+	connect := func(ctx context.Context) (*ServerConn, error) {
+		e := endpoint
+		if passthrough {
+			password, known := p.registry.Password(registryKey)
+			if !known {
+				return nil, fmt.Errorf("no verified password for %s", key)
+			}
+			e.password = password
+		}
+		return p.openServer(ctx, e)
+	}
+	pool := newPool(key, settings, connect)
+	pool.endpoint = endpoint
+	return pool, true
+}
+
+// poolConfig resolves the server endpoint and settings of one pool.
+func poolConfig(cfg *config.Config, key poolKey) (serverEndpoint, poolSettings, bool) {
+	resolved, ok := cfg.PoolSettings(key.user, key.database)
+	if !ok {
+		return serverEndpoint{}, poolSettings{}, false
+	}
+	general := cfg.General
+	endpoint := serverEndpoint{
+		host:           resolved.ServerHost,
+		port:           resolved.ServerPort,
+		database:       resolved.ServerDatabase,
+		user:           resolved.ServerUser,
+		password:       resolved.ServerPassword,
+		connectTimeout: general.ConnectTimeout.Duration(),
+		tlsVerify:      general.TLSVerify,
+	}
+	if general.PassthroughAuth.Enabled() {
+		// Passthrough: server connections authenticate as the client's own
+		// role with the password it presented (see docs/configuration.md).
+		endpoint.user = key.user
+		endpoint.password = ""
+	}
+	settings := poolSettings{
+		size:            resolved.PoolSize,
+		minSize:         resolved.MinPoolSize,
+		mode:            resolved.PoolerMode,
+		idleTimeout:     general.IdleTimeout.Duration(),
+		serverLifetime:  general.ServerLifetime.Duration(),
+		checkoutTimeout: general.CheckoutTimeout.Duration(),
+		rollbackTimeout: general.RollbackTimeout.Duration(),
+	}
+	return endpoint, settings, true
+}
+
+// openServer opens one server connection, waiting for one of the
+// maxConcurrentServerConnects slots first.
+func (p *Pooler) openServer(ctx context.Context, endpoint serverEndpoint) (*ServerConn, error) {
+	select {
+	case p.connectSlots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-p.connectSlots }()
+	return openServerConn(ctx, endpoint)
+}
+
+// verifyPassthrough is the registry's VerifyFunc: it proves a password by
+// opening a real server connection with it, which then joins the pool.
+func (p *Pooler) verifyPassthrough(ctx context.Context, key auth.Key, password string) error {
+	state := p.state.Load()
+	endpoint, _, ok := poolConfig(state.cfg, poolKey{user: key.User, database: key.Database})
+	if !ok {
+		return fmt.Errorf("database %q is not configured", key.Database)
+	}
+	endpoint.password = password
+	sc, err := p.openServer(ctx, endpoint)
+	if err != nil {
+		return err
+	}
+	pool, ok := p.poolFor(key.User, key.Database)
+	if !ok {
+		sc.close()
+		return fmt.Errorf("database %q is not configured", key.Database)
+	}
+	pool.Add(sc)
+	return nil
+}
+
+// maintenanceLoop closes idle and old server connections and tops pools up
+// to min_pool_size, once per maintenanceInterval.
+func (p *Pooler) maintenanceLoop() {
+	defer p.wg.Done()
+	ticker := time.NewTicker(maintenanceInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-p.done:
+			return
+		case now := <-ticker.C:
+			p.poolsMu.Lock()
+			pools := make([]*Pool, 0, len(p.pools))
+			for _, pool := range p.pools {
+				pools = append(pools, pool)
+			}
+			p.poolsMu.Unlock()
+			for _, pool := range pools {
+				if missing := pool.maintain(now); missing > 0 && pool.growAllowed(now) {
+					p.wg.Add(1)
+					go p.growPool(pool)
+				}
+			}
+		}
+	}
+}
+
+// growPool opens one connection towards min_pool_size, backing off after a
+// failure so that a refused password or a down server is not retried in a
+// loop.
+func (p *Pooler) growPool(pool *Pool) {
+	defer p.wg.Done()
+	ctx, cancel := context.WithTimeout(p.ctx, p.state.Load().cfg.General.ConnectTimeout.Duration())
+	defer cancel()
+	err := pool.grow(ctx)
+	pool.growDone(time.Now(), err)
+	if err != nil && !p.draining.Load() {
+		p.log.Warn("could not open a server connection for min_pool_size",
+			zap.String("pool", pool.key.String()), zap.Error(err))
+	}
+}
+
+// Stats returns a snapshot of every pool.
+func (p *Pooler) Stats() []PoolStat {
+	p.poolsMu.Lock()
+	defer p.poolsMu.Unlock()
+	stats := make([]PoolStat, 0, len(p.pools))
+	for _, pool := range p.pools {
+		stats = append(stats, pool.Stat())
+	}
+	return stats
+}
+
+// ClientCount is the number of client connections open now.
+func (p *Pooler) ClientCount() int64 { return p.clientCount.Load() }

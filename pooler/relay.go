@@ -1,0 +1,456 @@
+package pooler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler/wire"
+)
+
+// relay forwards the client's messages to a linked server connection until
+// the client leaves. In transaction mode a server connection is linked when
+// the client sends something that needs one and goes back to the pool at the
+// release point (see readServer); in session mode it stays linked.
+//
+// The client stream is forwarded in the chunks it arrives in. Only message
+// headers are inspected, to count the Syncs and Queries that the server
+// will answer with ReadyForQuery and to notice Terminate. A message header
+// split across reads is held back until it is complete, so the server never
+// sees part of a header and every forwarded chunk ends at a message boundary
+// or inside a message body.
+func (s *session) relay() error {
+	buf := *s.bufRef
+	leftover := copy(buf, s.reader.Buffered())
+	s.reader = nil
+	carried := 0 // bytes of a partial header kept at buf[:carried]
+	for {
+		n := leftover
+		leftover = 0
+		if n == 0 {
+			k, err := s.conn.Read(buf[carried:])
+			if k == 0 {
+				return err
+			}
+			n = carried + k
+			s.bytesReceived.Add(int64(k))
+		}
+		chunk := buf[:n]
+		forward, terminate, err := s.scanClientChunk(chunk)
+		if err != nil {
+			return err
+		}
+		if !terminate {
+			// Hold back a partial header; it is scanned again next time.
+			carried = s.scanner.PartialHeaderLen()
+			s.scanner.DropPartialHeader()
+		}
+		if forward > 0 {
+			if err := s.forwardClientBytes(chunk[:forward]); err != nil {
+				return err
+			}
+		}
+		if terminate {
+			return nil
+		}
+		if carried > 0 {
+			copy(buf, chunk[n-carried:])
+		}
+	}
+}
+
+// chunkSummary is what scanning a client chunk found.
+type chunkSummary struct {
+	syncs      int  // Query, FunctionCall and Sync messages: each gets a ReadyForQuery
+	needServer bool // something only a server can answer
+	batchOpen  bool // extended-protocol messages after the last Sync
+	types      []byte
+}
+
+// scanClientChunk scans a chunk from the client. It returns how many bytes
+// of it to forward and whether the client sent Terminate.
+func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, err error) {
+	summary := &s.chunk
+	summary.syncs = 0
+	summary.needServer = false
+	summary.batchOpen = s.unsynced
+	summary.types = summary.types[:0]
+	for off := 0; off < len(chunk); {
+		var msg wire.Message
+		var ok bool
+		off, msg, ok, err = s.scanner.Next(chunk, off)
+		if err != nil {
+			return 0, false, fatalError(sqlstateProtocolViolation, "invalid message from client", err)
+		}
+		if !ok {
+			break
+		}
+		switch msg.Type {
+		case wire.MsgTerminate:
+			return msg.Start, true, nil
+		case wire.MsgQuery, wire.MsgFunctionCall:
+			summary.syncs++
+			summary.needServer = true
+		case wire.MsgSync:
+			summary.syncs++
+			summary.batchOpen = false
+		case wire.MsgParse, wire.MsgBind, wire.MsgDescribe, wire.MsgExecute, wire.MsgClose:
+			summary.batchOpen = true
+			summary.needServer = true
+		case wire.MsgFlush, wire.MsgCopyData, wire.MsgCopyDone, wire.MsgCopyFail:
+			// Meaningful only to a linked server; harmless otherwise.
+		default:
+			summary.needServer = true // let Postgres judge what it is
+		}
+		summary.types = append(summary.types, msg.Type)
+	}
+	return len(chunk) - s.scanner.PartialHeaderLen(), false, nil
+}
+
+// forwardClientBytes sends a scanned chunk to the linked server connection,
+// linking one first when needed, or answers it without a server.
+func (s *session) forwardClientBytes(chunk []byte) error {
+	summary := &s.chunk
+	s.mu.Lock()
+	if s.server == nil {
+		if s.discarding || !summary.needServer {
+			s.mu.Unlock()
+			return s.answerWithoutServer(nil)
+		}
+		s.mu.Unlock()
+		if s.pooler.draining.Load() {
+			return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
+		}
+		sc, err := s.acquire()
+		if err != nil {
+			s.pooler.log.Info("checkout failed", s.logFields(zap.Error(err))...)
+			return s.answerWithoutServer(s.checkoutError(err))
+		}
+		s.mu.Lock()
+		if s.closing || s.ended || s.pooler.draining.Load() {
+			s.mu.Unlock()
+			s.pool.Release(sc)
+			return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
+		}
+		s.link(sc)
+	}
+	s.pending += summary.syncs
+	s.unsynced = summary.batchOpen
+	s.clientMid = !s.scanner.AtBoundary()
+	s.writing = true
+	sc := s.server
+	s.mu.Unlock()
+
+	_, err := sc.conn.Write(chunk)
+
+	s.mu.Lock()
+	s.writing = false
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	if err != nil {
+		// The server is gone; readServer sees it too, tells the client
+		// and closes the session.
+		s.pooler.log.Debug("write to server failed", s.logFields(zap.Error(err))...)
+	}
+	return nil
+}
+
+// acquire checks out a server connection from the session's pool. When a
+// reload replaced the pool, the session moves to the new one.
+func (s *session) acquire() (*ServerConn, error) {
+	ctx, cancel := s.checkoutContext(time.Time{})
+	defer cancel()
+	sc, err := s.pool.Acquire(ctx)
+	if errors.Is(err, ErrPoolClosed) && !s.pooler.draining.Load() {
+		pool, ok := s.pooler.poolFor(s.user, s.database)
+		if !ok {
+			return nil, err
+		}
+		s.pool = pool
+		sc, err = pool.Acquire(ctx)
+	}
+	return sc, err
+}
+
+// link makes sc the session's server connection and starts the goroutine
+// that relays its output. s.mu must be held.
+func (s *session) link(sc *ServerConn) {
+	s.server = sc
+	s.pending = 0
+	s.unsynced = false
+	s.clientMid = false
+	s.txStatus = wire.TxIdle
+	done := make(chan struct{})
+	s.readerDone = done
+	s.setState(stateLinked)
+	s.pooler.wg.Add(1)
+	go s.readServer(sc, done)
+}
+
+// answerWithoutServer replies to a chunk that no server connection will
+// see: Sync gets ReadyForQuery, and after a failed checkout (failure != nil)
+// each Query gets the error and extended-protocol messages are dropped up
+// to their Sync, as Postgres does after an error.
+func (s *session) answerWithoutServer(failure *clientError) error {
+	reply := s.localReplies[:0]
+	errorSent := false
+	appendError := func() {
+		if failure != nil {
+			reply = wire.AppendErrorResponse(reply, failure.severity, failure.code, failure.message)
+		}
+	}
+	for _, typ := range s.chunk.types {
+		if s.discarding {
+			if typ == wire.MsgSync {
+				s.discarding = false
+				reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
+			}
+			continue
+		}
+		switch typ {
+		case wire.MsgQuery, wire.MsgFunctionCall:
+			appendError()
+			reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
+		case wire.MsgSync:
+			reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
+		case wire.MsgParse, wire.MsgBind, wire.MsgDescribe, wire.MsgExecute, wire.MsgClose:
+			if !errorSent {
+				appendError()
+				errorSent = true
+			}
+			s.discarding = true
+		}
+	}
+	s.localReplies = reply[:0]
+	if len(reply) == 0 {
+		return nil
+	}
+	return s.write(reply)
+}
+
+// readServer relays a linked server connection's output to the client and
+// decides the release point: in transaction mode the connection goes back
+// to the pool once every Sync and Query the client sent has been answered,
+// the last ReadyForQuery says idle, and both streams are at a message
+// boundary. The output up to and including that ReadyForQuery is written to
+// the client before the release, so a later server's output can never
+// overtake it.
+//
+// readServer owns sc's read side while it runs. It returns in one of three
+// ways: after releasing sc to the pool; after discarding a broken sc (and
+// ending the client session); or, when the session is closing, leaving sc
+// linked for finish to clean up.
+func (s *session) readServer(sc *ServerConn, done chan struct{}) {
+	defer s.pooler.wg.Done()
+	defer close(done)
+	for {
+		n, readErr := sc.conn.Read(sc.buf)
+		if n == 0 && readErr != nil {
+			s.mu.Lock()
+			if s.closing {
+				s.mu.Unlock()
+				return // finish takes sc over
+			}
+			s.server = nil
+			s.setState(stateIdle)
+			s.mu.Unlock()
+			sc.pool.Discard(sc)
+			s.serverLost(readErr)
+			return
+		}
+		chunk := sc.buf[:n]
+		readies := 0
+		var status byte
+		for off := 0; off < n; {
+			var msg wire.Message
+			var ok bool
+			var err error
+			off, msg, ok, err = sc.scanner.Next(chunk, off)
+			if err != nil {
+				s.mu.Lock()
+				s.server = nil
+				s.mu.Unlock()
+				sc.pool.Discard(sc)
+				s.serverLost(fmt.Errorf("invalid message from server: %w", err))
+				return
+			}
+			if ok && msg.Type == wire.MsgReadyForQuery && len(msg.Body) == 1 {
+				readies++
+				status = msg.Body[0]
+			}
+			if !ok {
+				break
+			}
+		}
+		writeErr := s.write(chunk)
+
+		s.mu.Lock()
+		if readies > 0 {
+			s.pending = max(s.pending-readies, 0)
+			s.txStatus = status
+			if status == wire.TxIdle {
+				s.transactions.Add(int64(readies))
+			}
+		}
+		if writeErr != nil && !s.closing {
+			// The client is gone. Closing its connection wakes serve,
+			// whose finish takes sc over.
+			s.closing = true
+			s.mu.Unlock()
+			_ = s.conn.Close()
+			return
+		}
+		if s.closing {
+			s.mu.Unlock()
+			return
+		}
+		if readies > 0 && s.mode == config.PoolerModeSession && s.pooler.draining.Load() {
+			s.mu.Unlock()
+			s.endIfIdle()
+			continue
+		}
+		if readies > 0 && s.mode == config.PoolerModeTransaction && s.releasableLocked(sc) {
+			for s.writing {
+				s.cond.Wait()
+			}
+			if !s.closing && s.releasableLocked(sc) {
+				s.server = nil
+				s.setState(stateIdle)
+				s.mu.Unlock()
+				sc.pool.Release(sc)
+				if s.pooler.draining.Load() {
+					s.endIfIdle()
+				}
+				return
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// releasableLocked reports whether sc is at the release point. s.mu must be
+// held, by the goroutine that reads sc.
+func (s *session) releasableLocked(sc *ServerConn) bool {
+	return s.pending == 0 && !s.unsynced && !s.clientMid && !s.writing &&
+		s.txStatus == wire.TxIdle && sc.scanner.AtBoundary()
+}
+
+// serverLost tells the client its server connection failed and ends the
+// session: what the client was doing on it is lost.
+func (s *session) serverLost(err error) {
+	if !isNormalClose(err) {
+		s.pooler.log.Warn("server connection lost", s.logFields(zap.Error(err))...)
+	} else {
+		s.pooler.log.Info("server connection closed by the server", s.logFields()...)
+	}
+	s.sendError(wire.SeverityFatal, sqlstateConnectionFailure, "server connection lost")
+	_ = s.conn.Close()
+}
+
+// finish ends the session: it stops the server reader, if any, and gives
+// the server connection back clean (rolled back, and reset in session mode)
+// or closes it.
+func (s *session) finish() {
+	s.mu.Lock()
+	s.closing = true
+	sc, done := s.server, s.readerDone
+	if sc != nil {
+		// Wake readServer; it sees closing and hands sc over.
+		_ = sc.conn.SetReadDeadline(time.Now())
+	}
+	s.mu.Unlock()
+	_ = s.conn.Close()
+	if sc != nil {
+		<-done
+	}
+	s.mu.Lock()
+	sc = s.server
+	s.server = nil
+	pending, unsynced, clientMid, txStatus := s.pending, s.unsynced, s.clientMid, s.txStatus
+	s.mu.Unlock()
+	if sc != nil {
+		s.returnServer(sc, pending, unsynced || clientMid, txStatus)
+	}
+	s.logDisconnect()
+}
+
+// returnServer cleans up a server connection whose client left and gives
+// it back to the pool, or closes it when it cannot be made clean within
+// rollback_timeout. A connection in the middle of a query, a pipeline or a
+// COPY is closed (after a cancel request, so the backend stops working for
+// nobody); one idle in a transaction is rolled back.
+func (s *session) returnServer(sc *ServerConn, pending int, midBatch bool, txStatus byte) {
+	_ = sc.conn.SetReadDeadline(time.Time{})
+	settings := sc.pool.settings.Load()
+	if pending > 0 || midBatch || !sc.scanner.AtBoundary() {
+		if pending > 0 {
+			ctx, cancel := context.WithTimeout(s.pooler.ctx, time.Second)
+			_ = sendCancel(ctx, sc.address, sc.processID, sc.secretKey)
+			cancel()
+		}
+		sc.pool.Discard(sc)
+		return
+	}
+	if txStatus != wire.TxIdle {
+		if err := sc.exec("ROLLBACK", settings.rollbackTimeout); err != nil {
+			s.pooler.log.Info("could not roll back a server connection; closing it", s.logFields(zap.Error(err))...)
+			sc.pool.Discard(sc)
+			return
+		}
+	}
+	if settings.mode == config.PoolerModeSession || s.mode == config.PoolerModeSession {
+		if err := sc.exec("DISCARD ALL", settings.rollbackTimeout); err != nil {
+			s.pooler.log.Info("could not reset a server connection; closing it", s.logFields(zap.Error(err))...)
+			sc.pool.Discard(sc)
+			return
+		}
+	}
+	sc.pool.Release(sc)
+}
+
+// endIfIdle ends the session during shutdown when no transaction is in
+// flight on it; a linked session ends when its transaction does.
+//
+// A session-mode client that is linked but between transactions counts as
+// idle: its server connection is reset and released by finish.
+func (s *session) endIfIdle() {
+	s.mu.Lock()
+	betweenTransactions := s.mode == config.PoolerModeSession && s.pending == 0 && !s.unsynced &&
+		!s.clientMid && !s.writing && s.txStatus == wire.TxIdle
+	if (s.server != nil && !betweenTransactions) || s.ended {
+		s.mu.Unlock()
+		return
+	}
+	s.ended = true
+	s.mu.Unlock()
+	s.sendError(wire.SeverityFatal, sqlstateAdminShutdown, "pgtender is shutting down")
+	_ = s.conn.Close()
+}
+
+// forceClose ends the session at once, whatever it is doing.
+func (s *session) forceClose() {
+	s.mu.Lock()
+	s.ended = true
+	sc := s.server
+	s.mu.Unlock()
+	_ = s.conn.Close()
+	if sc != nil {
+		_ = sc.conn.SetDeadline(time.Now())
+	}
+}
+
+func (s *session) logDisconnect() {
+	if !s.loggedIn.Load() || !s.pooler.state.Load().cfg.General.LogDisconnections {
+		return
+	}
+	s.pooler.log.Info("client disconnected", s.logFields(
+		zap.Duration("duration", time.Since(s.connectedAt)),
+		zap.Int64("transactions", s.transactions.Load()),
+		zap.Int64("bytes_received", s.bytesReceived.Load()),
+		zap.Int64("bytes_sent", s.bytesSent.Load()),
+	)...)
+}

@@ -1,0 +1,60 @@
+package pooler
+
+import (
+	"go.uber.org/zap"
+
+	"github.com/pgtender/pgtender/config"
+)
+
+// Reload applies a new configuration. Pools whose server endpoint and mode
+// are unchanged keep their connections and take new sizes in place; pools
+// whose database or user is gone, or whose endpoint changed, are closed
+// (linked connections close when their clients let go of them) and are
+// created again on next use. Passthrough users learned at run time are
+// kept while their database exists. Keys that need a restart are logged.
+func (p *Pooler) Reload(cfg *config.Config) error {
+	old := p.state.Load()
+	diff := config.Diff(old.cfg, cfg)
+	if cfg.General.PassthroughAuth != old.cfg.General.PassthroughAuth {
+		// passthrough_auth changes only on restart: the registry and every
+		// pool were built for the running mode, so keep it.
+		running := *cfg
+		running.General.PassthroughAuth = old.cfg.General.PassthroughAuth
+		cfg = &running
+	}
+	state, err := newRuntimeState(cfg)
+	if err != nil {
+		return err
+	}
+	if len(diff.RestartRequired) > 0 {
+		p.log.Warn("reload: these settings change only on restart", zap.Strings("keys", diff.RestartRequired))
+	}
+	p.state.Store(state)
+
+	p.poolsMu.Lock()
+	var closed []*Pool
+	for key, pool := range p.pools {
+		endpoint, settings, ok := poolConfig(cfg, key)
+		if ok && !cfg.General.PassthroughAuth.Enabled() {
+			_, ok = cfg.User(key.user, key.database)
+		}
+		if !ok || endpoint != pool.endpoint || settings.mode != pool.settings.Load().mode {
+			delete(p.pools, key)
+			closed = append(closed, pool)
+			continue
+		}
+		pool.settings.Store(&settings)
+	}
+	p.poolsMu.Unlock()
+	for _, pool := range closed {
+		pool.close()
+	}
+	p.createConfiguredPools()
+	for _, key := range p.registry.Keys() {
+		if _, ok := cfg.Database(key.Database); !ok {
+			p.registry.Forget(key)
+		}
+	}
+	p.log.Info("configuration reloaded", zap.Int("changed_keys", len(diff.Changed)), zap.Int("pools_closed", len(closed)))
+	return nil
+}

@@ -1,0 +1,253 @@
+package pooler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"golang.org/x/sys/unix"
+
+	"github.com/pgtender/pgtender/auth"
+	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler/wire"
+)
+
+// serverReadBufferLen is the size of each server connection's read buffer.
+// 16 KiB holds Postgres's 8 KiB send buffer twice over, so a typical
+// response arrives in one read and leaves in one write.
+const serverReadBufferLen = 16 << 10
+
+// ServerConn is one authenticated connection to Postgres.
+//
+// Ownership: an idle ServerConn belongs to its Pool; Acquire hands it to one
+// client session, which owns it (and the goroutine reading it) until it
+// calls Release or Discard. Only the owner reads or writes conn, buf and
+// scanner; nothing in a ServerConn is safe for concurrent use.
+type ServerConn struct {
+	conn    net.Conn
+	buf     []byte       // read buffer, owned by this connection for its life
+	scanner wire.Scanner // message boundaries of what the server sent
+
+	processID uint32 // Postgres backend pid, for cancel requests
+	secretKey []byte // cancel secret of that backend
+	address   string // host:port the connection was opened to, for cancel requests
+	params    map[string]string
+
+	pool      *Pool
+	createdAt time.Time
+	idleSince time.Time // when it last went back to the pool
+}
+
+// serverEndpoint is everything needed to open a server connection.
+type serverEndpoint struct {
+	host           string
+	port           int
+	database       string
+	user           string
+	password       string
+	connectTimeout time.Duration
+	tlsVerify      config.TLSVerify
+}
+
+// inspectServerMessage tells the scanner of server output which message
+// bodies the relay must see: the transaction status of ReadyForQuery.
+func inspectServerMessage(typ byte) int {
+	if typ == wire.MsgReadyForQuery {
+		return 1
+	}
+	return 0
+}
+
+// openServerConn opens and authenticates a server connection with pgconn
+// (which speaks SCRAM-SHA-256, md5 and cleartext to Postgres), then takes
+// the raw connection over. An error that means Postgres refused the
+// credentials wraps auth.ErrRejected.
+func openServerConn(ctx context.Context, endpoint serverEndpoint) (*ServerConn, error) {
+	sslmode := "prefer"
+	switch endpoint.tlsVerify {
+	case config.TLSVerifyDisabled:
+		sslmode = "disable"
+	case config.TLSVerifyVerifyCA:
+		sslmode = "verify-ca"
+	case config.TLSVerifyVerifyFull:
+		sslmode = "verify-full"
+	}
+	// Only host, port and the ssl settings go through the parser; everything
+	// else is set on the parsed config, so that no PG* environment variable
+	// of the pooler's process can change where or as whom it connects.
+	// The empty ssl* values keep PGSSLROOTCERT and friends out as well.
+	connConfig, err := pgconn.ParseConfig(fmt.Sprintf("host=%s port=%d sslmode=%s sslrootcert='' sslcert='' sslkey=''",
+		quoteConnValue(endpoint.host), endpoint.port, sslmode))
+	if err != nil {
+		return nil, fmt.Errorf("server connection settings: %w", err)
+	}
+	connConfig.User = endpoint.user
+	connConfig.Password = endpoint.password
+	connConfig.Database = endpoint.database
+	connConfig.RuntimeParams = map[string]string{}
+	connConfig.ConnectTimeout = endpoint.connectTimeout
+	connConfig.ValidateConnect = nil
+	connConfig.AfterConnect = nil
+	for _, fallback := range connConfig.Fallbacks {
+		fallback.Host = endpoint.host
+		fallback.Port = uint16(endpoint.port)
+	}
+	if endpoint.connectTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, endpoint.connectTimeout)
+		defer cancel()
+	}
+	pgConn, err := pgconn.ConnectConfig(ctx, connConfig)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == sqlstateInvalidPassword || pgErr.Code == sqlstateInvalidAuthorization) {
+			return nil, fmt.Errorf("%w: %s", auth.ErrRejected, pgErr.Message)
+		}
+		return nil, fmt.Errorf("connect to %s:%d: %w", endpoint.host, endpoint.port, err)
+	}
+	if err := pgConn.SyncConn(ctx); err != nil {
+		pgConn.Close(context.Background())
+		return nil, fmt.Errorf("sync new server connection: %w", err)
+	}
+	hijacked, err := pgConn.Hijack()
+	if err != nil {
+		pgConn.Close(context.Background())
+		return nil, fmt.Errorf("take over server connection: %w", err)
+	}
+	now := time.Now()
+	sc := &ServerConn{
+		conn:      hijacked.Conn,
+		buf:       make([]byte, serverReadBufferLen),
+		processID: hijacked.PID,
+		secretKey: hijacked.SecretKey,
+		address:   net.JoinHostPort(endpoint.host, strconv.Itoa(endpoint.port)),
+		params:    hijacked.ParameterStatuses,
+		createdAt: now,
+		idleSince: now,
+	}
+	sc.scanner.Inspect = inspectServerMessage
+	return sc, nil
+}
+
+// quoteConnValue quotes a value for a keyword/value connection string.
+func quoteConnValue(value string) string {
+	quoted := make([]byte, 0, len(value)+2)
+	quoted = append(quoted, '\'')
+	for i := 0; i < len(value); i++ {
+		if value[i] == '\'' || value[i] == '\\' {
+			quoted = append(quoted, '\\')
+		}
+		quoted = append(quoted, value[i])
+	}
+	return string(append(quoted, '\''))
+}
+
+// close closes the network connection, telling Postgres goodbye first when
+// the connection is at a message boundary.
+func (sc *ServerConn) close() {
+	if sc.scanner.AtBoundary() {
+		_ = sc.conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		_, _ = sc.conn.Write([]byte{wire.MsgTerminate, 0, 0, 0, 4})
+	}
+	_ = sc.conn.Close()
+}
+
+// idleAndAlive reports whether an idle server connection is still open and
+// has sent nothing since it went idle. Postgres sends a FATAL error before
+// it ends a session (shutdown, pg_terminate_backend), so unread bytes on an
+// idle connection mean it is going away. The check is one non-blocking
+// recv(MSG_PEEK) and never waits.
+func (sc *ServerConn) idleAndAlive() bool {
+	sysConn, ok := sc.conn.(syscall.Conn)
+	if !ok {
+		return true // TLS: nothing to peek through; the first use will tell
+	}
+	raw, err := sysConn.SyscallConn()
+	if err != nil {
+		return false
+	}
+	alive := false
+	var probe [1]byte
+	err = raw.Read(func(fd uintptr) bool {
+		n, _, recvErr := unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		alive = n < 0 && (recvErr == unix.EAGAIN || recvErr == unix.EWOULDBLOCK)
+		return true // never wait for readiness
+	})
+	return err == nil && alive
+}
+
+// exec runs one simple-protocol statement that returns no rows the caller
+// needs (ROLLBACK, DISCARD ALL) and waits for its ReadyForQuery, within
+// timeout. It fails unless the statement succeeded and the connection ends
+// outside any transaction.
+func (sc *ServerConn) exec(sql string, timeout time.Duration) error {
+	if !sc.scanner.AtBoundary() {
+		return errors.New("server connection is in the middle of a message")
+	}
+	deadline := time.Now().Add(timeout)
+	_ = sc.conn.SetDeadline(deadline)
+	defer sc.conn.SetDeadline(time.Time{})
+	if _, err := sc.conn.Write(wire.AppendQuery(nil, sql)); err != nil {
+		return err
+	}
+	failed := false
+	for {
+		n, err := sc.conn.Read(sc.buf)
+		if err != nil {
+			return err
+		}
+		for off := 0; off < n; {
+			var msg wire.Message
+			var ok bool
+			off, msg, ok, err = sc.scanner.Next(sc.buf[:n], off)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				break
+			}
+			switch msg.Type {
+			case wire.MsgErrorResponse:
+				failed = true
+			case wire.MsgReadyForQuery:
+				if failed {
+					return fmt.Errorf("%q failed on the server", sql)
+				}
+				if len(msg.Body) != 1 || msg.Body[0] != wire.TxIdle {
+					return fmt.Errorf("%q left the connection in a transaction", sql)
+				}
+				if off != n || !sc.scanner.AtBoundary() {
+					return errors.New("unexpected data after ReadyForQuery")
+				}
+				return nil
+			}
+		}
+	}
+}
+
+// sendCancel asks Postgres to cancel what the backend behind sc is running,
+// on a new connection, as the protocol requires.
+func sendCancel(ctx context.Context, address string, processID uint32, secret []byte) error {
+	var dialer net.Dialer
+	conn, err := dialer.DialContext(ctx, "tcp", address)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(deadline)
+	}
+	if _, err := conn.Write(wire.AppendCancelRequest(nil, processID, secret)); err != nil {
+		return err
+	}
+	// Postgres closes the connection once it has read the request; waiting
+	// for that keeps the cancel from racing the next query.
+	var discard [1]byte
+	_, _ = conn.Read(discard[:])
+	return nil
+}

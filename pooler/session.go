@@ -1,0 +1,507 @@
+package pooler
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+
+	"github.com/pgtender/pgtender/auth"
+	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler/wire"
+)
+
+// clientReadBufferLen is the size of a session's read buffer. 8 KiB matches
+// libpq's send buffer, so a client's batch usually arrives in one read.
+const clientReadBufferLen = 8 << 10
+
+// maxAuthMessageLen bounds messages read during login (passwords, SASL);
+// it stays below clientReadBufferLen so the login never grows the buffer.
+const maxAuthMessageLen = clientReadBufferLen - wire.HeaderLen
+
+var clientBufferPool = sync.Pool{New: func() any {
+	b := make([]byte, clientReadBufferLen)
+	return &b
+}}
+
+// clientState is where a client session is in its life. The legal
+// transitions are
+//
+//	stateStartup → stateAuth → stateReady → stateIdle
+//	stateIdle ⇄ stateLinked (a server connection is linked to the client)
+//	any state → stateClosed
+//
+// and setState is the only writer.
+type clientState int32
+
+const (
+	stateStartup clientState = iota // reading SSLRequest/StartupMessage
+	stateAuth                       // password exchange and verification
+	stateReady                      // sending the pool's parameters and ReadyForQuery
+	stateIdle                       // logged in, no server connection linked
+	stateLinked                     // a server connection is linked
+	stateClosed
+)
+
+func (s clientState) String() string {
+	switch s {
+	case stateStartup:
+		return "startup"
+	case stateAuth:
+		return "auth"
+	case stateReady:
+		return "ready"
+	case stateIdle:
+		return "idle"
+	case stateLinked:
+		return "linked"
+	case stateClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("clientState(%d)", int32(s))
+}
+
+// session is one client connection, from its first byte to its close. Its
+// own goroutine (serve) reads from the client; while a server connection is
+// linked, a second goroutine (readServer) reads from the server and writes
+// to the client.
+type session struct {
+	pooler    *Pooler
+	conn      *net.TCPConn
+	processID uint32 // pgtender's BackendKeyData for this client
+	secret    uint32
+	state     atomic.Int32
+	loggedIn  atomic.Bool
+
+	// Owned by the serve goroutine.
+	bufRef       *[]byte      // pooled read buffer, returned at close
+	reader       *wire.Reader // login only
+	scanner      wire.Scanner // client stream, after login
+	user         string
+	database     string
+	pool         *Pool
+	connectedAt  time.Time
+	localReplies []byte       // scratch for replies pgtender sends itself
+	chunk        chunkSummary // what the last client chunk held
+
+	wmu sync.Mutex // serialises writes to conn, so messages never interleave
+
+	// mu guards the link between the client and a server connection. The
+	// release point is decided under it: see readServer and maybeRelease.
+	mu         sync.Mutex
+	cond       sync.Cond // on mu; signalled when writing turns false
+	server     *ServerConn
+	readerDone chan struct{} // closed when the current readServer returns
+	pending    int           // Sync/Query/FunctionCall sent, ReadyForQuery not yet received
+	unsynced   bool          // extended-protocol messages sent since the last Sync
+	clientMid  bool          // part of a client message has been forwarded, the rest not yet
+	writing    bool          // serve is writing client bytes to server
+	txStatus   byte          // status of the last ReadyForQuery
+	closing    bool          // the session is ending: readServer hands the server back
+	discarding bool          // after a failed checkout: drop extended messages until Sync
+	ended      bool          // ended by shutdown
+	mode       config.PoolerMode
+
+	bytesReceived atomic.Int64
+	bytesSent     atomic.Int64
+	transactions  atomic.Int64
+}
+
+func newSession(p *Pooler, conn *net.TCPConn) *session {
+	s := &session{
+		pooler:      p,
+		conn:        conn,
+		processID:   p.nextProcessID.Add(1),
+		secret:      rand.Uint32(),
+		connectedAt: time.Now(),
+		txStatus:    wire.TxIdle,
+	}
+	s.cond.L = &s.mu
+	s.scanner.Inspect = func(byte) int { return 0 }
+	return s
+}
+
+func (s *session) setState(state clientState) {
+	s.state.Store(int32(state))
+}
+
+// serve runs the session to its end. A panic is logged with its stack and
+// ends only this session.
+func (s *session) serve() {
+	s.bufRef = clientBufferPool.Get().(*[]byte)
+	defer func() {
+		if r := recover(); r != nil {
+			s.pooler.log.Error("panic in client session", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+			s.sendError(wire.SeverityFatal, sqlstateInternalError, "internal error in pgtender")
+		}
+		s.finish()
+		s.setState(stateClosed)
+		clientBufferPool.Put(s.bufRef)
+	}()
+	s.setState(stateStartup)
+	if err := s.login(); err != nil {
+		return
+	}
+	err := s.relay()
+	if !isNormalClose(err) {
+		var ce *clientError
+		if errors.As(err, &ce) {
+			s.sendError(ce.severity, ce.code, ce.message)
+		}
+		s.pooler.log.Info("client session ended with an error", s.logFields(zap.Error(err))...)
+	}
+}
+
+func (s *session) logFields(extra ...zap.Field) []zap.Field {
+	return append([]zap.Field{
+		zap.Uint32("client_id", s.processID),
+		zap.String("remote", s.conn.RemoteAddr().String()),
+		zap.String("user", s.user),
+		zap.String("database", s.database),
+	}, extra...)
+}
+
+// login runs the startup and authentication exchange and leaves the client
+// ready for queries. It reports the login to the recorder whatever happens.
+func (s *session) login() error {
+	p := s.pooler
+	state := p.state.Load()
+	general := state.cfg.General
+	var deadline time.Time
+	if general.ClientLoginTimeout > 0 {
+		deadline = time.Now().Add(general.ClientLoginTimeout.Duration())
+		_ = s.conn.SetDeadline(deadline)
+	}
+	s.reader = wire.NewReader(s.conn, *s.bufRef, maxAuthMessageLen)
+
+	// A connection that closes before sending a byte (a TCP health check)
+	// is not a login.
+	if err := s.reader.Fill(1); err != nil {
+		return err
+	}
+	start := time.Now()
+	p.recorder.LoginStarted()
+	var timings LoginTimings
+	stage := StageStartup
+	err := s.loginPhases(state, deadline, &timings, &stage, start)
+	if err == errCancelRequest {
+		p.recorder.LoginCancelRequest()
+		return err
+	}
+	if err == nil {
+		timings.Total = time.Since(start)
+		p.recorder.LoginFinished(LoginOK, timings)
+		_ = s.conn.SetDeadline(time.Time{})
+		s.loggedIn.Store(true)
+		s.setState(stateIdle)
+		if general.LogConnections {
+			p.log.Info("client logged in", s.logFields(zap.Duration("login_duration", timings.Total))...)
+		}
+		return nil
+	}
+	var ce *clientError
+	if errors.As(err, &ce) {
+		s.sendError(ce.severity, ce.code, ce.message)
+		timings.Total = time.Since(start)
+		p.recorder.LoginFinished(loginResultOf(ce), timings)
+		p.log.Info("login refused", s.logFields(zap.String("sqlstate", ce.code), zap.String("stage", string(stage)), zap.Error(ce))...)
+		return err
+	}
+	// The client went away or ran out of client_login_timeout.
+	p.recorder.LoginAbandoned(stage)
+	if isTimeout(err) {
+		s.sendError(wire.SeverityFatal, sqlstateProtocolViolation, "client_login_timeout expired during login")
+		p.log.Info("login timed out", s.logFields(zap.String("stage", string(stage)))...)
+	}
+	return err
+}
+
+// errCancelRequest ends a connection that carried a CancelRequest.
+var errCancelRequest = errors.New("cancel request handled")
+
+func loginResultOf(ce *clientError) LoginResult {
+	switch ce.code {
+	case sqlstateInvalidPassword, sqlstateInvalidAuthorization:
+		return LoginAuthFailed
+	case sqlstateProtocolViolation, sqlstateConnectionFailure, sqlstateInternalError:
+		return LoginError
+	}
+	return LoginRejected
+}
+
+func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *LoginTimings, stage *LoginStage, start time.Time) error {
+	p := s.pooler
+	general := state.cfg.General
+	var startup wire.Startup
+	for {
+		var err error
+		startup, err = wire.ReadStartup(s.reader, nil)
+		if err != nil {
+			// A packet cut short by the client hanging up is an abandoned
+			// login, not a malformed one.
+			if errors.Is(err, wire.ErrMalformedStartup) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				return fatalError(sqlstateProtocolViolation, "invalid startup packet", err)
+			}
+			return err
+		}
+		switch startup.Kind {
+		case wire.SSLRequest, wire.GSSEncRequest:
+			// TLS and GSS encryption are not offered: the client goes on
+			// in plaintext or gives up.
+			if err := s.write([]byte{'N'}); err != nil {
+				return err
+			}
+			continue
+		case wire.CancelRequest:
+			p.cancelRequest(startup.CancelProcessID, startup.CancelSecret)
+			return errCancelRequest
+		}
+		break
+	}
+	if startup.ProtocolMajor != 3 {
+		return fatalError(sqlstateFeatureNotSupported,
+			fmt.Sprintf("unsupported frontend protocol %d.%d: pgtender supports 3.0", startup.ProtocolMajor, startup.ProtocolMinor), nil)
+	}
+	var unrecognized []string
+	for _, param := range startup.Parameters {
+		if len(param.Name) > 5 && param.Name[:5] == "_pq_." {
+			unrecognized = append(unrecognized, param.Name)
+		}
+	}
+	if startup.ProtocolMinor > 0 || len(unrecognized) > 0 {
+		// Protocol 3.2 (or options) asked for: say we speak 3.0 and go on.
+		if err := s.write(wire.AppendNegotiateProtocolVersion(nil, 0, unrecognized)); err != nil {
+			return err
+		}
+	}
+	user, _ := startup.Parameter("user")
+	if user == "" {
+		return fatalError(sqlstateInvalidAuthorization, "no PostgreSQL user name specified in startup packet", nil)
+	}
+	database, ok := startup.Parameter("database")
+	if !ok || database == "" {
+		database = user
+	}
+	s.user, s.database = user, database
+	if replication, ok := startup.Parameter("replication"); ok && replication != "false" && replication != "0" && replication != "off" {
+		return fatalError(sqlstateFeatureNotSupported, "replication connections are not supported by pgtender", nil)
+	}
+	if max := general.MaxClientConnections; max > 0 && p.clientCount.Load() > int64(max) {
+		return fatalError(sqlstateTooManyConnections, "too many client connections (max_client_connections)", nil)
+	}
+	if database == state.cfg.Admin.Name {
+		return fatalError(sqlstateFeatureNotSupported, "the admin console is not available in this version of pgtender", nil)
+	}
+	if _, ok := state.cfg.Database(database); !ok {
+		return fatalError(sqlstateInvalidCatalogName, fmt.Sprintf("database %q does not exist", database), nil)
+	}
+	timings.Startup = time.Since(start)
+
+	*stage = StageAuth
+	s.setState(stateAuth)
+	authStart := time.Now()
+	if err := s.authenticate(state, deadline); err != nil {
+		return err
+	}
+	timings.Auth = time.Since(authStart)
+
+	*stage = StageReady
+	s.setState(stateReady)
+	readyStart := time.Now()
+	pool, ok := p.poolFor(user, database)
+	if !ok {
+		return fatalError(sqlstateInvalidCatalogName, fmt.Sprintf("database %q does not exist", database), nil)
+	}
+	s.pool = pool
+	s.mu.Lock()
+	s.mode = pool.settings.Load().mode
+	s.mu.Unlock()
+	ctx, cancel := s.checkoutContext(deadline)
+	params, err := pool.parameters(ctx)
+	cancel()
+	if err != nil {
+		return s.checkoutError(err)
+	}
+	reply := wire.AppendAuthenticationOk(s.localReplies[:0])
+	for _, param := range params {
+		reply = wire.AppendParameterStatus(reply, param.name, param.value)
+	}
+	reply = wire.AppendBackendKeyData(reply, s.processID, s.secret)
+	reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
+	s.localReplies = reply[:0]
+	if p.draining.Load() {
+		return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
+	}
+	if err := s.write(reply); err != nil {
+		return err
+	}
+	timings.Ready = time.Since(readyStart)
+	return nil
+}
+
+// authenticate checks the client's password: against Postgres itself under
+// passthrough, else against users.toml.
+func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
+	general := state.cfg.General
+	failed := fatalError(sqlstateInvalidPassword, fmt.Sprintf("password authentication failed for user %q", s.user), nil)
+	if general.PassthroughAuth.Enabled() {
+		password, err := auth.ReadCleartextPassword(authConn{s})
+		if err != nil {
+			return s.authExchangeError(err)
+		}
+		ctx := context.Background()
+		if !deadline.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
+		key := auth.Key{User: s.user, Database: s.database}
+		err = s.pooler.registry.Authenticate(ctx, key, password, s.pooler.verifyPassthrough)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, auth.ErrPasswordMismatch):
+			return failed
+		default:
+			return fatalError(sqlstateConnectionFailure, "could not verify the password with the database server", err)
+		}
+	}
+	if _, ok := state.cfg.User(s.user, s.database); !ok {
+		failed.err = errors.New("user not in users.toml")
+		return failed
+	}
+	creds := state.credentials[auth.Key{User: s.user, Database: s.database}]
+	if creds == nil && general.AuthType != config.AuthTrust {
+		failed.err = errors.New("user has no password in users.toml")
+		return failed
+	}
+	if err := auth.AuthenticateClient(authConn{s}, general.AuthType, creds); err != nil {
+		if errors.Is(err, auth.ErrPasswordMismatch) {
+			return failed
+		}
+		return s.authExchangeError(err)
+	}
+	return nil
+}
+
+func (s *session) authExchangeError(err error) error {
+	if errors.Is(err, auth.ErrProtocol) || errors.Is(err, wire.ErrBadMessageLength) {
+		return fatalError(sqlstateProtocolViolation, "invalid authentication message", err)
+	}
+	if isNormalClose(err) || isTimeout(err) {
+		return err
+	}
+	return fatalError(sqlstateInvalidPassword, fmt.Sprintf("password authentication failed for user %q", s.user), err)
+}
+
+// checkoutContext bounds a wait for a server connection by checkout_timeout
+// and, during login, by the login deadline.
+func (s *session) checkoutContext(deadline time.Time) (context.Context, context.CancelFunc) {
+	timeout := s.pool.settings.Load().checkoutTimeout
+	ctx := s.pooler.ctx
+	if timeout > 0 {
+		d := time.Now().Add(timeout)
+		if deadline.IsZero() || d.Before(deadline) {
+			deadline = d
+		}
+	}
+	if deadline.IsZero() {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, deadline)
+}
+
+// checkoutError turns a failed Acquire into what the client sees.
+func (s *session) checkoutError(err error) *clientError {
+	switch {
+	case errors.Is(err, ErrCheckoutTimeout), errors.Is(err, context.DeadlineExceeded):
+		return &clientError{severity: wire.SeverityError, code: sqlstateTooManyConnections,
+			message: fmt.Sprintf("no server connection available in pool %s within checkout_timeout", s.pool.key), err: err}
+	case errors.Is(err, ErrPoolClosed), errors.Is(err, context.Canceled):
+		return &clientError{severity: wire.SeverityError, code: sqlstateCannotConnectNow,
+			message: fmt.Sprintf("pool %s is closed", s.pool.key), err: err}
+	case errors.Is(err, auth.ErrRejected):
+		return &clientError{severity: wire.SeverityError, code: sqlstateInvalidPassword,
+			message: fmt.Sprintf("the database server refused the credentials of pool %s", s.pool.key), err: err}
+	}
+	return &clientError{severity: wire.SeverityError, code: sqlstateConnectionFailure,
+		message: fmt.Sprintf("could not connect to the database server for pool %s", s.pool.key), err: err}
+}
+
+// write sends b to the client as one write.
+func (s *session) write(b []byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	n, err := s.conn.Write(b)
+	s.bytesSent.Add(int64(n))
+	return err
+}
+
+// sendError writes an ErrorResponse; failures are ignored because the
+// connection is usually being closed anyway.
+func (s *session) sendError(severity, code, message string) {
+	_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = s.write(wire.AppendErrorResponse(nil, severity, code, message))
+	_ = s.conn.SetWriteDeadline(time.Time{})
+}
+
+// authConn adapts a session to auth.ClientConn.
+type authConn struct{ s *session }
+
+func (a authConn) Send(msg pgproto3.BackendMessage) error {
+	b, err := msg.Encode(nil)
+	if err != nil {
+		return err
+	}
+	return a.s.write(b)
+}
+
+func (a authConn) Receive() (byte, []byte, error) {
+	typ, body, err := a.s.reader.ReadMessage()
+	if err == nil {
+		a.s.bytesReceived.Add(int64(len(body) + wire.HeaderLen))
+	}
+	return typ, body, err
+}
+
+// cancelRequest forwards a client's CancelRequest to the Postgres backend
+// linked to that client now, and to nothing else.
+func (p *Pooler) cancelRequest(processID uint32, secret []byte) {
+	p.sessionsMu.Lock()
+	target := p.sessions[processID]
+	p.sessionsMu.Unlock()
+	if target == nil || !target.loggedIn.Load() || len(secret) != 4 {
+		return
+	}
+	want := [4]byte{byte(target.secret >> 24), byte(target.secret >> 16), byte(target.secret >> 8), byte(target.secret)}
+	if subtle.ConstantTimeCompare(want[:], secret) != 1 {
+		return
+	}
+	target.mu.Lock()
+	sc := target.server
+	var address string
+	var serverPID uint32
+	var serverSecret []byte
+	if sc != nil {
+		address, serverPID, serverSecret = sc.address, sc.processID, sc.secretKey
+	}
+	target.mu.Unlock()
+	if sc == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.state.Load().cfg.General.ConnectTimeout.Duration())
+	defer cancel()
+	if err := sendCancel(ctx, address, serverPID, serverSecret); err != nil {
+		p.log.Warn("could not forward a cancel request", zap.Uint32("client_id", processID), zap.Error(err))
+	}
+}
