@@ -88,11 +88,11 @@ type osUser struct {
 }
 
 const (
-	dirPrefix     = "pgtender-testpg-"
-	ownerFile     = "owner.pid" // the pid of the test process, for reapStale
-	includedConf  = "testpg.conf"
-	initdbTimeout = 2 * time.Minute
-	pgctlTimeout  = 60 * time.Second // pg_ctl -t for start and stop
+	dirPrefix      = "pgtender-testpg-"
+	ownerFile      = "owner.pid" // the pid of the test process, for reapStale
+	includedConf   = "testpg.conf"
+	initdbTimeout  = 2 * time.Minute
+	pgctlTimeout   = 60 * time.Second // pg_ctl -t for start and stop
 	connectTimeout = 10 * time.Second
 	// A unix socket path must fit sun_path (108 bytes with the NUL).
 	maxSocketPath = 107
@@ -152,7 +152,7 @@ func StartTB(tb testing.TB, opts Options) *Server {
 	}
 	tb.Cleanup(func() {
 		if tb.Failed() {
-			tb.Logf("testpg: end of %s:%s", s.LogPath, s.logTail(0))
+			tb.Logf("testpg: end of %s:%s", s.LogPath, s.logTail())
 		}
 		if err := s.Stop(); err != nil {
 			tb.Errorf("testpg: %v", err)
@@ -352,14 +352,14 @@ func (s *Server) upLocked() error {
 	_, err := s.run(pgctlTimeout+30*time.Second, "pg_ctl", "start", "-D", s.DataDir, "-l", s.LogPath,
 		"-w", "-t", strconv.Itoa(int(pgctlTimeout/time.Second)))
 	if err != nil {
-		return fmt.Errorf("testpg: %w; end of %s:%s", err, s.LogPath, s.logTail(0))
+		return fmt.Errorf("testpg: %w; end of %s:%s", err, s.LogPath, s.logTail())
 	}
 	// pg_ctl -w saw the postmaster ready; check the door tests will use.
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	conn, err := s.connect(ctx, "postgres")
 	if err != nil {
-		return fmt.Errorf("testpg: started, but no login on %s:%d: %w; end of %s:%s", s.Host, s.Port, err, s.LogPath, s.logTail(0))
+		return fmt.Errorf("testpg: started, but no login on %s:%d: %w; end of %s:%s", s.Host, s.Port, err, s.LogPath, s.logTail())
 	}
 	return conn.Close(ctx)
 }
@@ -469,12 +469,10 @@ func (s *Server) writeFile(path, content string) error {
 	return nil
 }
 
-// logTail returns the last lines of the server log, each indented on its own
-// line, for error messages; lines <= 0 means 30.
-func (s *Server) logTail(lines int) string {
-	if lines <= 0 {
-		lines = 30
-	}
+// logTail returns the last 30 lines of the server log, each indented on its
+// own line, for error messages.
+func (s *Server) logTail() string {
+	const lines = 30
 	data, err := os.ReadFile(s.LogPath)
 	if err != nil {
 		return " (no log: " + err.Error() + ")"

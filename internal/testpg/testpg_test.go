@@ -7,7 +7,9 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -212,6 +214,28 @@ func TestConfigOverridesDefaults(t *testing.T) {
 		if got != want {
 			t.Errorf("%s = %q, want %q", setting, got, want)
 		}
+	}
+}
+
+// A server that cannot start yields an error with the end of its log, and
+// leaves nothing behind.
+func TestStartFailureCarriesLogTail(t *testing.T) {
+	skipIfShort(t)
+	t.Parallel()
+	s, err := Start(Options{Config: map[string]string{"max_connections": "lots"}})
+	if err == nil {
+		_ = s.Stop()
+		t.Fatal("Start succeeded with max_connections = lots")
+	}
+	if !strings.Contains(err.Error(), `invalid value for parameter "max_connections"`) {
+		t.Errorf("error lacks the server log's reason: %v", err)
+	}
+	m := regexp.MustCompile(`end of (\S+)/postgres\.log:`).FindStringSubmatch(err.Error())
+	if m == nil {
+		t.Fatalf("error does not name the log: %v", err)
+	}
+	if _, statErr := os.Stat(m[1]); !os.IsNotExist(statErr) {
+		t.Errorf("after a failed Start, stat %s = %v; want not exist", m[1], statErr)
 	}
 }
 
