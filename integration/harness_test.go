@@ -17,7 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
-	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/pgtender/pgtender/config"
 	"github.com/pgtender/pgtender/internal/testpg"
@@ -31,6 +32,8 @@ const (
 	appUser     = "app"
 	appPassword = "app-secret"
 	appDB       = "appdb"
+	// wrongPassword is what tests present when they expect a refusal.
+	wrongPassword = "wrong-password"
 )
 
 func TestMain(m *testing.M) {
@@ -115,7 +118,9 @@ port = %d
 	if err != nil {
 		t.Fatalf("config.Load: %v\n%s", err, main)
 	}
-	p, err := pooler.New(cfg, zaptest.NewLogger(t), nil)
+	logs := &syncBuffer{}
+	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(logs), zap.DebugLevel))
+	p, err := pooler.New(cfg, log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,6 +137,15 @@ port = %d
 		}
 		if err := <-served; !errors.Is(err, pooler.ErrServerClosed) {
 			t.Errorf("Serve returned %v", err)
+		}
+		// No log line may ever carry a password.
+		for _, secret := range []string{appPassword, wrongPassword} {
+			if strings.Contains(logs.String(), secret) {
+				t.Errorf("a log line contains the password %q", secret)
+			}
+		}
+		if t.Failed() {
+			t.Logf("pgtender log:\n%s", logs.String())
 		}
 	})
 	return &testPooler{Pooler: p, addr: p.Addr().String(), cfg: cfg}

@@ -17,7 +17,7 @@ func TestPassthroughLogin(t *testing.T) {
 			defer cancel()
 
 			// Cold: nothing verified yet, no server connection exists.
-			if _, err := tp.connectAs(ctx, appUser, "wrong-password", appDB); sqlState(err) != "28P01" {
+			if _, err := tp.connectAs(ctx, appUser, wrongPassword, appDB); sqlState(err) != "28P01" {
 				t.Fatalf("wrong password on a cold pool: got %v, want SQLSTATE 28P01", err)
 			}
 			if _, err := tp.connectAs(ctx, "nobody", "x", appDB); sqlState(err) != "28P01" {
@@ -34,11 +34,11 @@ func TestPassthroughLogin(t *testing.T) {
 			}
 
 			// Warm: a verified password and an idle server connection exist.
-			if _, err := tp.connectAs(ctx, appUser, "wrong-password", appDB); sqlState(err) != "28P01" {
+			if _, err := tp.connectAs(ctx, appUser, wrongPassword, appDB); sqlState(err) != "28P01" {
 				t.Fatalf("wrong password on a warm pool: got %v, want SQLSTATE 28P01", err)
 			}
 			conn.Close(ctx)
-			if _, err := tp.connectAs(ctx, appUser, "wrong-password", appDB); sqlState(err) != "28P01" {
+			if _, err := tp.connectAs(ctx, appUser, wrongPassword, appDB); sqlState(err) != "28P01" {
 				t.Fatalf("wrong password with an idle server connection: got %v, want SQLSTATE 28P01", err)
 			}
 			again, err := tp.connectAs(ctx, appUser, appPassword, appDB)
@@ -78,7 +78,7 @@ func TestConfiguredUsers(t *testing.T) {
 				t.Fatalf("SELECT 1 = %d, %v", one, err)
 			}
 			conn.Close(ctx)
-			_, err = tp.connectAs(ctx, appUser, "wrong-password", appDB)
+			_, err = tp.connectAs(ctx, appUser, wrongPassword, appDB)
 			if authType == "trust" {
 				if err != nil {
 					t.Fatalf("trust refused a login: %v", err)
