@@ -91,6 +91,29 @@ func newPool(key poolKey, settings poolSettings, connect func(ctx context.Contex
 	return p
 }
 
+// TryAcquireIdle returns an idle server connection, or nil when none is
+// idle, without waiting. It is the fast path a client takes before it pays
+// for a deadline (a timer) to wait with.
+func (p *Pool) TryAcquireIdle() *ServerConn {
+	p.mu.Lock()
+	for !p.closed && len(p.idle) > 0 {
+		n := len(p.idle)
+		sc := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		if sc.idleAndAlive() {
+			p.stats.checkouts.Add(1)
+			return sc
+		}
+		sc.close()
+		p.mu.Lock()
+		p.total--
+	}
+	p.mu.Unlock()
+	return nil
+}
+
 // Acquire returns a server connection for the caller's exclusive use; the
 // caller must give it back with Release or Discard. It waits at most until
 // ctx ends and returns ErrCheckoutTimeout (or ErrPoolClosed) then.

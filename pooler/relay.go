@@ -162,6 +162,9 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 // acquire checks out a server connection from the session's pool. When a
 // reload replaced the pool, the session moves to the new one.
 func (s *session) acquire() (*ServerConn, error) {
+	if sc := s.pool.TryAcquireIdle(); sc != nil {
+		return sc, nil
+	}
 	ctx, cancel := s.checkoutContext(time.Time{})
 	defer cancel()
 	sc, err := s.pool.Acquire(ctx)
