@@ -65,20 +65,34 @@ func (s *session) relay() error {
 
 // chunkSummary is what scanning a client chunk found.
 type chunkSummary struct {
-	syncs      int  // Query, FunctionCall and Sync messages: each gets a ReadyForQuery
-	needServer bool // something only a server can answer
+	// localEnd is where the part of the chunk that pgtender answers itself
+	// ends: the rest of a batch discarded after a failed checkout, up to and
+	// including its Sync.
+	localEnd   int
+	localSyncs int  // Syncs in that part: each gets ReadyForQuery
+	syncs      int  // Query, FunctionCall and Sync messages after localEnd: each gets a ReadyForQuery
+	needServer bool // something after localEnd only a server can answer
 	batchOpen  bool // extended-protocol messages after the last Sync
-	types      []byte
+	// copyEnded says the chunk holds a CopyDone or CopyFail, and
+	// copyEndSyncs how many Syncs the client sent between the command that
+	// started the COPY and that message (see copyIn in session).
+	copyEnded    bool
+	copyEndSyncs int
+	types        []byte
 }
 
 // scanClientChunk scans a chunk from the client. It returns how many bytes
 // of it to forward and whether the client sent Terminate.
 func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, err error) {
 	summary := &s.chunk
+	summary.localEnd = 0
+	summary.localSyncs = 0
 	summary.syncs = 0
 	summary.needServer = false
 	summary.batchOpen = s.unsynced
+	summary.copyEnded = false
 	summary.types = summary.types[:0]
+	discarding := s.discarding
 	for off := 0; off < len(chunk); {
 		var msg wire.Message
 		var ok bool
@@ -89,35 +103,90 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 		if !ok {
 			break
 		}
-		switch msg.Type {
-		case wire.MsgTerminate:
+		if msg.Type == wire.MsgTerminate {
+			if discarding {
+				summary.localEnd = msg.Start
+			}
 			return msg.Start, true, nil
+		}
+		if discarding {
+			// After a failed checkout, Postgres-style: skip to the Sync.
+			summary.localEnd = off
+			if msg.Type == wire.MsgSync {
+				summary.localSyncs++
+				discarding = false
+			}
+			continue
+		}
+		switch msg.Type {
 		case wire.MsgQuery, wire.MsgFunctionCall:
 			summary.syncs++
 			summary.needServer = true
+			s.syncsSinceCommand = 0
 		case wire.MsgSync:
 			summary.syncs++
 			summary.batchOpen = false
-		case wire.MsgParse, wire.MsgBind, wire.MsgDescribe, wire.MsgExecute, wire.MsgClose:
+			s.syncsSinceCommand++
+		case wire.MsgExecute:
 			summary.batchOpen = true
 			summary.needServer = true
-		case wire.MsgFlush, wire.MsgCopyData, wire.MsgCopyDone, wire.MsgCopyFail:
+			s.syncsSinceCommand = 0
+		case wire.MsgParse, wire.MsgBind, wire.MsgDescribe, wire.MsgClose:
+			summary.batchOpen = true
+			summary.needServer = true
+		case wire.MsgCopyDone, wire.MsgCopyFail:
+			summary.copyEnded = true
+			summary.copyEndSyncs = s.syncsSinceCommand
+			s.syncsSinceCommand = 0
+		case wire.MsgFlush, wire.MsgCopyData:
 			// Meaningful only to a linked server; harmless otherwise.
 		default:
 			summary.needServer = true // let Postgres judge what it is
 		}
 		summary.types = append(summary.types, msg.Type)
 	}
-	return len(chunk) - s.scanner.PartialHeaderLen(), false, nil
+	forward = len(chunk) - s.scanner.PartialHeaderLen()
+	if discarding {
+		summary.localEnd = forward
+	}
+	return forward, false, nil
 }
 
 // forwardClientBytes sends a scanned chunk to the linked server connection,
 // linking one first when needed, or answers it without a server.
 func (s *session) forwardClientBytes(chunk []byte) error {
 	summary := &s.chunk
+	if summary.localEnd > 0 {
+		// The end of a batch whose checkout failed: Postgres would have
+		// skipped it up to its Sync and answered that with ReadyForQuery.
+		reply := s.localReplies[:0]
+		for range summary.localSyncs {
+			reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
+		}
+		s.localReplies = reply[:0]
+		if summary.localSyncs > 0 {
+			s.discarding = false
+		}
+		if len(reply) > 0 {
+			if err := s.write(reply); err != nil {
+				return err
+			}
+		}
+		chunk = chunk[summary.localEnd:]
+		if len(chunk) == 0 {
+			return nil
+		}
+	}
 	s.mu.Lock()
+	if s.serverFailed {
+		// The session's server connection failed under it; whatever the
+		// client sends now belongs to work that is lost, so it must not run
+		// on another server connection.
+		s.mu.Unlock()
+		return fatalError(sqlstateConnectionFailure, "server connection lost", nil)
+	}
 	if s.server == nil {
-		if s.discarding || !summary.needServer {
+		if !summary.needServer {
 			s.mu.Unlock()
 			return s.answerWithoutServer(nil)
 		}
@@ -139,6 +208,9 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 		s.link(sc)
 	}
 	s.pending += summary.syncs
+	if summary.copyEnded && s.copyIn && s.copyIgnoredSyncs < 0 {
+		s.copyIgnoredSyncs = summary.copyEndSyncs
+	}
 	s.unsynced = summary.batchOpen
 	s.clientMid = !s.scanner.AtBoundary()
 	s.writing = true
@@ -150,6 +222,15 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	s.mu.Lock()
 	s.writing = false
 	s.cond.Broadcast()
+	if err == nil && s.server == sc && !s.closing && s.mode == config.PoolerModeTransaction &&
+		s.pending == 0 && !s.unsynced && !s.clientMid && s.txStatus == wire.TxIdle {
+		// What was just written needs no answer (a Flush, the end of a
+		// message body) and left the link at its release point, but
+		// readServer may have looked before the write ended and gone back
+		// to reading. Wake it to look again.
+		s.releaseWake = true
+		_ = sc.conn.SetReadDeadline(time.Now())
+	}
 	s.mu.Unlock()
 	if err != nil {
 		// The server is gone; readServer sees it too, tells the client
@@ -187,6 +268,8 @@ func (s *session) link(sc *ServerConn) {
 	s.unsynced = false
 	s.clientMid = false
 	s.txStatus = wire.TxIdle
+	s.copyIn = false
+	s.copyIgnoredSyncs = -1
 	done := make(chan struct{})
 	s.readerDone = done
 	s.setState(stateLinked)
@@ -210,6 +293,7 @@ func (s *session) answerWithoutServer(failure *clientError) error {
 		if s.discarding {
 			if typ == wire.MsgSync {
 				s.discarding = false
+				errorSent = false
 				reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
 			}
 			continue
@@ -219,6 +303,7 @@ func (s *session) answerWithoutServer(failure *clientError) error {
 			appendError()
 			reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
 		case wire.MsgSync:
+			errorSent = false
 			reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
 		case wire.MsgParse, wire.MsgBind, wire.MsgDescribe, wire.MsgExecute, wire.MsgClose:
 			if !errorSent {
@@ -250,6 +335,7 @@ func (s *session) answerWithoutServer(failure *clientError) error {
 func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 	defer s.pooler.wg.Done()
 	defer close(done)
+	copyIn := false // the server is in copy-in mode (mirrors s.copyIn, without the lock)
 	for {
 		n, readErr := sc.conn.Read(sc.buf)
 		if n == 0 && readErr != nil {
@@ -258,7 +344,23 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 				s.mu.Unlock()
 				return // finish takes sc over
 			}
+			if s.releaseWake && isTimeout(readErr) {
+				s.releaseWake = false
+				_ = sc.conn.SetReadDeadline(time.Time{})
+				if s.releasableLocked(sc) {
+					for s.writing {
+						s.cond.Wait()
+					}
+					if !s.closing && s.server == sc && s.releasableLocked(sc) {
+						s.releaseLocked(sc)
+						return
+					}
+				}
+				s.mu.Unlock()
+				continue
+			}
 			s.server = nil
+			s.serverFailed = true
 			s.setState(stateIdle)
 			s.mu.Unlock()
 			sc.pool.Discard(sc)
@@ -276,17 +378,40 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 			if err != nil {
 				s.mu.Lock()
 				s.server = nil
+				s.serverFailed = true
 				s.mu.Unlock()
 				sc.pool.Discard(sc)
 				s.serverLost(fmt.Errorf("invalid message from server: %w", err))
 				return
 			}
-			if ok && msg.Type == wire.MsgReadyForQuery && len(msg.Body) == 1 {
-				readies++
-				status = msg.Body[0]
-			}
 			if !ok {
 				break
+			}
+			switch msg.Type {
+			case wire.MsgReadyForQuery:
+				if len(msg.Body) == 1 {
+					readies++
+					status = msg.Body[0]
+				}
+			case wire.MsgCopyInResponse:
+				s.mu.Lock()
+				s.copyIn = true
+				s.copyIgnoredSyncs = -1
+				s.mu.Unlock()
+				copyIn = true
+			case wire.MsgCommandComplete, wire.MsgErrorResponse:
+				if copyIn {
+					copyIn = false
+					s.mu.Lock()
+					if msg.Type == wire.MsgCommandComplete && s.copyIgnoredSyncs > 0 {
+						// Postgres ignores Sync during copy-in, so the
+						// Syncs sent inside this COPY get no answer.
+						s.pending = max(s.pending-s.copyIgnoredSyncs, 0)
+					}
+					s.copyIn = false
+					s.copyIgnoredSyncs = -1
+					s.mu.Unlock()
+				}
 			}
 		}
 		writeErr := s.write(chunk)
@@ -321,13 +446,7 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 				s.cond.Wait()
 			}
 			if !s.closing && s.releasableLocked(sc) {
-				s.server = nil
-				s.setState(stateIdle)
-				s.mu.Unlock()
-				sc.pool.Release(sc)
-				if s.pooler.draining.Load() {
-					s.endIfIdle()
-				}
+				s.releaseLocked(sc)
 				return
 			}
 		}
@@ -335,10 +454,29 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 	}
 }
 
-// releasableLocked reports whether sc is at the release point. s.mu must be
-// held, by the goroutine that reads sc.
+// releaseLocked unlinks sc and gives it back to the pool. s.mu must be held
+// by readServer; it is released.
+func (s *session) releaseLocked(sc *ServerConn) {
+	if s.releaseWake {
+		s.releaseWake = false
+		_ = sc.conn.SetReadDeadline(time.Time{})
+	}
+	s.server = nil
+	s.setState(stateIdle)
+	s.mu.Unlock()
+	sc.pool.Release(sc)
+	if s.pooler.draining.Load() {
+		s.endIfIdle()
+	}
+}
+
+// releasableLocked reports whether sc is at the release point, apart from a
+// write of client bytes that may still be in progress (the caller waits for
+// it: such a write can only be a message that the server does not answer,
+// since anything answered raised pending before the write began). s.mu must
+// be held, by the goroutine that reads sc.
 func (s *session) releasableLocked(sc *ServerConn) bool {
-	return s.pending == 0 && !s.unsynced && !s.clientMid && !s.writing &&
+	return s.pending == 0 && !s.unsynced && !s.clientMid &&
 		s.txStatus == wire.TxIdle && sc.scanner.AtBoundary()
 }
 

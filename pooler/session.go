@@ -84,15 +84,17 @@ type session struct {
 	loggedIn  atomic.Bool
 
 	// Owned by the serve goroutine.
-	bufRef       *[]byte      // pooled read buffer, returned at close
-	reader       *wire.Reader // login only
-	scanner      wire.Scanner // client stream, after login
-	user         string
-	database     string
-	pool         *Pool
-	connectedAt  time.Time
-	localReplies []byte       // scratch for replies pgtender sends itself
-	chunk        chunkSummary // what the last client chunk held
+	bufRef  *[]byte      // pooled read buffer, returned at close
+	reader  *wire.Reader // login only
+	scanner wire.Scanner // client stream, after login
+	// syncsSinceCommand counts Syncs since the last Query or Execute.
+	syncsSinceCommand int
+	user              string
+	database          string
+	pool              *Pool
+	connectedAt       time.Time
+	localReplies      []byte       // scratch for replies pgtender sends itself
+	chunk             chunkSummary // what the last client chunk held
 
 	wmu sync.Mutex // serialises writes to conn, so messages never interleave
 
@@ -109,8 +111,25 @@ type session struct {
 	txStatus   byte          // status of the last ReadyForQuery
 	closing    bool          // the session is ending: readServer hands the server back
 	discarding bool          // after a failed checkout: drop extended messages until Sync
-	ended      bool          // ended by shutdown
-	mode       config.PoolerMode
+	// releaseWake says serve set a past read deadline on the server to make
+	// readServer check the release point again; readServer clears both.
+	releaseWake bool
+	// serverFailed says the linked server connection failed; the session
+	// is ending and must not link another.
+	serverFailed bool
+	// copyIn says the server is in copy-in mode. Postgres ignores Sync
+	// while in copy-in, so an extended-protocol COPY (Execute, Sync, then
+	// CopyData… CopyDone, Sync, as libpq sends it) answers one Sync fewer
+	// than the client sent. copyIgnoredSyncs is how many Syncs the client
+	// sent between the command that started the COPY and its CopyDone or
+	// CopyFail (-1 until known); they are taken off pending when the COPY
+	// completes. After a failed COPY some of them may have been answered,
+	// so nothing is taken off: an overcount only keeps the server linked
+	// (it is cleaned up when the client leaves), it never releases it early.
+	copyIn           bool
+	copyIgnoredSyncs int
+	ended            bool // ended by shutdown
+	mode             config.PoolerMode
 
 	bytesReceived atomic.Int64
 	bytesSent     atomic.Int64
@@ -153,6 +172,9 @@ func (s *session) serve() {
 		return
 	}
 	err := s.relay()
+	s.mu.Lock()
+	s.closing = true // from here on nothing links or releases; finish cleans up
+	s.mu.Unlock()
 	if !isNormalClose(err) {
 		var ce *clientError
 		if errors.As(err, &ce) {

@@ -1,0 +1,677 @@
+package pooler
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// fakePG is a scripted fake Postgres for protocol tests: a TCP server on
+// 127.0.0.1:0 speaking the backend side of the protocol with
+// pgproto3.Backend. It accepts any StartupMessage (optionally asking for a
+// cleartext password), gives every connection a distinct backend pid, and
+// then interprets a tiny SQL dialect (see fakeConn.run). Everything each
+// connection receives is recorded so that tests can assert what the pooler
+// sent to which backend.
+//
+// Output is buffered and flushed where Postgres flushes: after a simple
+// Query's ReadyForQuery, on Sync and on Flush.
+type fakePG struct {
+	t        testing.TB
+	ln       net.Listener
+	password string // "" = no password asked
+	done     chan struct{}
+	wg       sync.WaitGroup
+
+	mu      sync.Mutex
+	nextPID uint32
+	conns   []*fakeConn
+	cancels []fakeCancel
+	gates   map[string]chan struct{}
+	closed  bool
+}
+
+// fakeCancel is a CancelRequest the fake received.
+type fakeCancel struct {
+	PID     uint32
+	Matched bool // pid and secret named a live connection
+}
+
+// fakeConn is one server connection of the fake. Fields below mu are
+// guarded by fakePG.mu.
+type fakeConn struct {
+	f      *fakePG
+	pid    uint32
+	secret uint32
+	nc     net.Conn
+	be     *pgproto3.Backend
+	cancel chan struct{} // a matching CancelRequest arrived
+
+	// Guarded by f.mu.
+	params   map[string]string
+	log      []string // "Q <sql>", "P <sql>", "B", "D", "E", "S", "H", "C", "d", "c", "f", "X"
+	txStatus byte
+	sleeping bool
+	gate     string // the gate the connection is waiting on
+	ended    bool   // the connection's goroutine returned
+
+	// Owned by the connection's goroutine.
+	statements map[string]string
+	portals    map[string]string
+	skipToSync bool // extended protocol: an error happened, skip to Sync
+	readySent  bool // the statement sent its own ReadyForQuery (HOLD)
+}
+
+func newFakePG(t testing.TB, password string) *fakePG {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("fake postgres: listen: %v", err)
+	}
+	f := &fakePG{
+		t:        t,
+		ln:       ln,
+		password: password,
+		done:     make(chan struct{}),
+		nextPID:  1000,
+		gates:    make(map[string]chan struct{}),
+	}
+	f.wg.Add(1)
+	go f.acceptLoop()
+	t.Cleanup(f.close)
+	return f
+}
+
+func (f *fakePG) hostPort() (string, int) {
+	addr := f.ln.Addr().(*net.TCPAddr)
+	return addr.IP.String(), addr.Port
+}
+
+func (f *fakePG) close() {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return
+	}
+	f.closed = true
+	close(f.done)
+	conns := append([]*fakeConn(nil), f.conns...)
+	f.mu.Unlock()
+	f.ln.Close()
+	for _, c := range conns {
+		c.nc.Close()
+	}
+	f.wg.Wait()
+}
+
+func (f *fakePG) acceptLoop() {
+	defer f.wg.Done()
+	for {
+		nc, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		f.wg.Add(1)
+		go f.serve(nc)
+	}
+}
+
+// gate returns the channel a GATE or HOLD statement waits on.
+func (f *fakePG) gate(name string) chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ch, ok := f.gates[name]
+	if !ok {
+		ch = make(chan struct{})
+		f.gates[name] = ch
+	}
+	return ch
+}
+
+// openGate lets statements waiting on the gate name go on.
+func (f *fakePG) openGate(name string) {
+	ch := f.gate(name)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
+
+// connList returns the connections opened so far, oldest first.
+func (f *fakePG) connList() []*fakeConn {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*fakeConn(nil), f.conns...)
+}
+
+func (f *fakePG) connCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.conns)
+}
+
+// byPID returns the connection with backend pid pid, or nil.
+func (f *fakePG) byPID(pid uint32) *fakeConn {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		if c.pid == pid {
+			return c
+		}
+	}
+	return nil
+}
+
+// find returns the first connection for which match (called under f.mu)
+// is true, or nil.
+func (f *fakePG) find(match func(c *fakeConn) bool) *fakeConn {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		if match(c) {
+			return c
+		}
+	}
+	return nil
+}
+
+// sleeper returns the connection running SLEEP now, or nil.
+func (f *fakePG) sleeper() *fakeConn {
+	return f.find(func(c *fakeConn) bool { return c.sleeping })
+}
+
+// atGate returns the connection waiting on gate name now, or nil.
+func (f *fakePG) atGate(name string) *fakeConn {
+	return f.find(func(c *fakeConn) bool { return c.gate == name })
+}
+
+func (f *fakePG) cancelList() []fakeCancel {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]fakeCancel(nil), f.cancels...)
+}
+
+// kill closes the server side of connection pid, as a crashed or
+// terminated backend would.
+func (f *fakePG) kill(pid uint32) {
+	if c := f.byPID(pid); c != nil {
+		c.nc.Close()
+	}
+}
+
+// Log returns what the connection received so far.
+func (c *fakeConn) Log() []string {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	return append([]string(nil), c.log...)
+}
+
+// Queries returns the SQL of every Query and Parse the connection received.
+func (c *fakeConn) Queries() []string {
+	var out []string
+	for _, entry := range c.Log() {
+		if sql, ok := strings.CutPrefix(entry, "Q "); ok {
+			out = append(out, sql)
+		} else if sql, ok := strings.CutPrefix(entry, "P "); ok {
+			out = append(out, sql)
+		}
+	}
+	return out
+}
+
+// received reports whether the connection received the SQL statement sql.
+func (c *fakeConn) received(sql string) bool {
+	for _, q := range c.Queries() {
+		if q == sql {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *fakeConn) Ended() bool {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	return c.ended
+}
+
+func (c *fakeConn) TxStatus() byte {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	return c.txStatus
+}
+
+func (c *fakeConn) record(entry string) {
+	c.f.mu.Lock()
+	c.log = append(c.log, entry)
+	c.f.mu.Unlock()
+}
+
+func (c *fakeConn) setGate(name string) {
+	c.f.mu.Lock()
+	c.gate = name
+	c.f.mu.Unlock()
+}
+
+func (c *fakeConn) setTx(status byte) {
+	c.f.mu.Lock()
+	c.txStatus = status
+	c.f.mu.Unlock()
+}
+
+func (f *fakePG) serve(nc net.Conn) {
+	defer f.wg.Done()
+	defer nc.Close()
+	be := pgproto3.NewBackend(nc, nc)
+	var startup *pgproto3.StartupMessage
+	for startup == nil {
+		msg, err := be.ReceiveStartupMessage()
+		if err != nil {
+			return
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
+			if _, err := nc.Write([]byte{'N'}); err != nil {
+				return
+			}
+		case *pgproto3.CancelRequest:
+			f.handleCancel(msg.ProcessID, msg.SecretKey)
+			return
+		case *pgproto3.StartupMessage:
+			startup = msg
+		}
+	}
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return
+	}
+	f.nextPID++
+	c := &fakeConn{
+		f:          f,
+		pid:        f.nextPID,
+		secret:     f.nextPID*7919 + 17,
+		nc:         nc,
+		be:         be,
+		cancel:     make(chan struct{}, 1),
+		params:     startup.Parameters,
+		txStatus:   'I',
+		statements: make(map[string]string),
+		portals:    make(map[string]string),
+	}
+	f.conns = append(f.conns, c)
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		c.ended = true
+		c.sleeping = false
+		c.gate = ""
+		f.mu.Unlock()
+	}()
+	if !c.authenticate() {
+		return
+	}
+	c.serveMessages()
+}
+
+func (f *fakePG) handleCancel(pid uint32, secret []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	matched := false
+	for _, c := range f.conns {
+		if c.pid == pid && len(secret) == 4 && binary.BigEndian.Uint32(secret) == c.secret {
+			matched = true
+			select {
+			case c.cancel <- struct{}{}:
+			default:
+			}
+		}
+	}
+	f.cancels = append(f.cancels, fakeCancel{PID: pid, Matched: matched})
+}
+
+func (c *fakeConn) authenticate() bool {
+	if c.f.password != "" {
+		c.be.Send(&pgproto3.AuthenticationCleartextPassword{})
+		if c.be.Flush() != nil {
+			return false
+		}
+		if err := c.be.SetAuthType(pgproto3.AuthTypeCleartextPassword); err != nil {
+			return false
+		}
+		msg, err := c.be.Receive()
+		if err != nil {
+			return false
+		}
+		pw, ok := msg.(*pgproto3.PasswordMessage)
+		if !ok || pw.Password != c.f.password {
+			c.be.Send(&pgproto3.ErrorResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "28P01",
+				Message: fmt.Sprintf("password authentication failed for user %q", c.params["user"])})
+			_ = c.be.Flush()
+			return false
+		}
+	}
+	c.be.Send(&pgproto3.AuthenticationOk{})
+	for _, p := range [][2]string{
+		{"server_version", "16.4"},
+		{"server_encoding", "UTF8"},
+		{"client_encoding", "UTF8"},
+		{"DateStyle", "ISO, MDY"},
+		{"integer_datetimes", "on"},
+		{"standard_conforming_strings", "on"},
+		{"TimeZone", "UTC"},
+	} {
+		c.be.Send(&pgproto3.ParameterStatus{Name: p[0], Value: p[1]})
+	}
+	secret := make([]byte, 4)
+	binary.BigEndian.PutUint32(secret, c.secret)
+	c.be.Send(&pgproto3.BackendKeyData{ProcessID: c.pid, SecretKey: secret})
+	c.be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	return c.be.Flush() == nil
+}
+
+// serveMessages runs the connection's message loop until the peer leaves,
+// sends Terminate, or a statement ends the connection.
+func (c *fakeConn) serveMessages() {
+	for {
+		msg, err := c.be.Receive()
+		if err != nil {
+			return
+		}
+		if !c.handle(msg) {
+			return
+		}
+	}
+}
+
+// handle processes one message; false ends the connection.
+func (c *fakeConn) handle(msg pgproto3.FrontendMessage) bool {
+	switch msg := msg.(type) {
+	case *pgproto3.Query:
+		c.record("Q " + msg.String)
+		if !c.run(msg.String, true) {
+			return false
+		}
+		if c.readySent {
+			c.readySent = false
+			return true
+		}
+		c.be.Send(&pgproto3.ReadyForQuery{TxStatus: c.TxStatus()})
+		return c.be.Flush() == nil
+	case *pgproto3.Parse:
+		c.record("P " + msg.Query)
+		if c.skipToSync {
+			return true
+		}
+		c.statements[msg.Name] = msg.Query
+		c.be.Send(&pgproto3.ParseComplete{})
+	case *pgproto3.Bind:
+		c.record("B")
+		if c.skipToSync {
+			return true
+		}
+		sql, ok := c.statements[msg.PreparedStatement]
+		if !ok {
+			c.sendError("26000", fmt.Sprintf("prepared statement %q does not exist", msg.PreparedStatement))
+			c.skipToSync = true
+			return true
+		}
+		c.portals[msg.DestinationPortal] = sql
+		c.be.Send(&pgproto3.BindComplete{})
+	case *pgproto3.Describe:
+		c.record("D")
+		if c.skipToSync {
+			return true
+		}
+		sql := c.portals[msg.Name]
+		if msg.ObjectType == 'S' {
+			sql = c.statements[msg.Name]
+			c.be.Send(&pgproto3.ParameterDescription{})
+		}
+		if column := resultColumn(sql); column != "" {
+			c.be.Send(rowDescription(column))
+		} else {
+			c.be.Send(&pgproto3.NoData{})
+		}
+	case *pgproto3.Execute:
+		c.record("E")
+		if c.skipToSync {
+			return true
+		}
+		return c.run(c.portals[msg.Portal], false)
+	case *pgproto3.Close:
+		c.record("C")
+		if !c.skipToSync {
+			c.be.Send(&pgproto3.CloseComplete{})
+		}
+	case *pgproto3.Sync:
+		c.record("S")
+		c.skipToSync = false
+		c.be.Send(&pgproto3.ReadyForQuery{TxStatus: c.TxStatus()})
+		return c.be.Flush() == nil
+	case *pgproto3.Flush:
+		c.record("H")
+		return c.be.Flush() == nil
+	case *pgproto3.CopyData:
+		c.record("d") // outside COPY: ignored, as Postgres does
+	case *pgproto3.CopyDone:
+		c.record("c")
+	case *pgproto3.CopyFail:
+		c.record("f")
+	case *pgproto3.Terminate:
+		c.record("X")
+		return false
+	default:
+		c.record(fmt.Sprintf("? %T", msg))
+		c.sendError("08P01", fmt.Sprintf("unexpected message %T", msg))
+		return c.be.Flush() == nil
+	}
+	return true
+}
+
+// resultColumn is the name of the single column a statement returns, or ""
+// for statements without rows.
+func resultColumn(sql string) string {
+	word, _, _ := strings.Cut(sql, " ")
+	switch word {
+	case "SELECT":
+		return "?column?"
+	case "WHOAMI":
+		return "pid"
+	case "GATE":
+		return "gate"
+	}
+	return ""
+}
+
+func rowDescription(column string) *pgproto3.RowDescription {
+	return &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{
+		Name: []byte(column), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1,
+	}}}
+}
+
+func (c *fakeConn) sendError(code, message string) {
+	c.be.Send(&pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: code, Message: message})
+	if c.TxStatus() != 'I' {
+		c.setTx('E')
+	}
+}
+
+// fail reports a statement error: in the extended protocol the rest of
+// the batch is skipped up to Sync.
+func (c *fakeConn) fail(simple bool, code, message string) {
+	c.sendError(code, message)
+	if !simple {
+		c.skipToSync = true
+	}
+}
+
+// row sends one single-column row (with its RowDescription in the simple
+// protocol, where Describe did not send it) and its CommandComplete.
+func (c *fakeConn) row(simple bool, column, value string) {
+	if simple {
+		c.be.Send(rowDescription(column))
+	}
+	c.be.Send(&pgproto3.DataRow{Values: [][]byte{[]byte(value)}})
+	c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")})
+}
+
+// run executes one statement of the fake's dialect; false ends the
+// connection. The dialect:
+//
+//	BEGIN, COMMIT, END, ROLLBACK, DISCARD ALL, SET ...   what Postgres does
+//	SELECT <text>     one row holding <text>
+//	WHOAMI            one row holding the backend pid
+//	ERR               ERROR 42601 (a failed transaction block inside one)
+//	SLEEP             waits for a CancelRequest for this pid, then ERROR 57014
+//	GATE <name>       waits for openGate(name), then one row "gate"
+//	HOLD <a> <b>      waits for gate a, answers (flushing), then reads
+//	                  nothing more until gate b opens
+//	COPY IN           COPY FROM STDIN: CopyInResponse, then CopyData up to
+//	                  CopyDone (Sync and Flush ignored meanwhile, as
+//	                  Postgres ignores them), "COPY <n>"
+//	DIE               closes the connection without answering
+func (c *fakeConn) run(sql string, simple bool) bool {
+	if c.TxStatus() == 'E' && sql != "ROLLBACK" && sql != "COMMIT" && sql != "END" {
+		c.fail(simple, "25P02", "current transaction is aborted, commands ignored until end of transaction block")
+		return true
+	}
+	word, rest, _ := strings.Cut(sql, " ")
+	switch {
+	case sql == "BEGIN":
+		c.setTx('T')
+		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("BEGIN")})
+	case sql == "COMMIT" || sql == "END":
+		tag := "COMMIT"
+		if c.TxStatus() == 'E' {
+			tag = "ROLLBACK"
+		}
+		c.setTx('I')
+		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte(tag)})
+	case sql == "ROLLBACK":
+		c.setTx('I')
+		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("ROLLBACK")})
+	case sql == "DISCARD ALL":
+		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("DISCARD ALL")})
+	case word == "SET":
+		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SET")})
+	case word == "SELECT":
+		c.row(simple, "?column?", rest)
+	case sql == "WHOAMI":
+		c.row(simple, "pid", strconv.FormatUint(uint64(c.pid), 10))
+	case sql == "ERR":
+		c.fail(simple, "42601", "syntax error at or near \"ERR\"")
+	case sql == "SLEEP":
+		return c.sleep(simple)
+	case word == "GATE":
+		c.setGate(rest)
+		select {
+		case <-c.f.gate(rest):
+		case <-c.f.done:
+			return false
+		}
+		c.setGate("")
+		c.row(simple, "gate", "gate")
+	case word == "HOLD":
+		a, b, _ := strings.Cut(rest, " ")
+		c.setGate(a)
+		select {
+		case <-c.f.gate(a):
+		case <-c.f.done:
+			return false
+		}
+		c.setGate(b)
+		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("HOLD")})
+		if simple {
+			c.be.Send(&pgproto3.ReadyForQuery{TxStatus: c.TxStatus()})
+		}
+		if c.be.Flush() != nil {
+			return false
+		}
+		select {
+		case <-c.f.gate(b):
+		case <-c.f.done:
+			return false
+		}
+		c.setGate("")
+		// The ReadyForQuery was sent above; the Query handler must not
+		// send another.
+		c.readySent = simple
+	case sql == "COPY IN":
+		return c.copyIn(simple)
+	case sql == "DIE":
+		return false
+	default:
+		c.fail(simple, "42601", fmt.Sprintf("fake postgres does not understand %q", sql))
+	}
+	return true
+}
+
+func (c *fakeConn) sleep(simple bool) bool {
+	c.f.mu.Lock()
+	c.sleeping = true
+	c.f.mu.Unlock()
+	defer func() {
+		c.f.mu.Lock()
+		c.sleeping = false
+		c.f.mu.Unlock()
+	}()
+	select {
+	case <-c.cancel:
+	case <-c.f.done:
+		return false
+	case <-time.After(time.Minute):
+		// Never reached in a passing test; keeps a broken one from
+		// hanging forever.
+	}
+	c.fail(simple, "57014", "canceling statement due to user request")
+	return true
+}
+
+func (c *fakeConn) copyIn(simple bool) bool {
+	c.be.Send(&pgproto3.CopyInResponse{OverallFormat: 0})
+	if c.be.Flush() != nil {
+		return false
+	}
+	rows := 0
+	for {
+		msg, err := c.be.Receive()
+		if err != nil {
+			return false
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			c.record("d")
+			rows += strings.Count(string(msg.Data), "\n")
+		case *pgproto3.CopyDone:
+			c.record("c")
+			c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("COPY " + strconv.Itoa(rows))})
+			return true
+		case *pgproto3.CopyFail:
+			c.record("f")
+			c.fail(simple, "57014", "COPY from stdin failed: "+msg.Message)
+			return true
+		case *pgproto3.Sync:
+			c.record("S") // ignored during COPY IN, as Postgres does
+		case *pgproto3.Flush:
+			c.record("H")
+		case *pgproto3.Terminate:
+			c.record("X")
+			return false
+		default:
+			c.record(fmt.Sprintf("? %T", msg))
+			c.fail(simple, "08P01", fmt.Sprintf("unexpected message %T during COPY", msg))
+			return true
+		}
+	}
+}
