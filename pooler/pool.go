@@ -67,7 +67,8 @@ type Pool struct {
 // connection; capacityGranted to say that capacity is reserved for it and it
 // should open a connection itself; or nil when the pool closed.
 type poolWaiter struct {
-	ch chan *ServerConn // capacity 1: the pool never blocks handing over
+	ch    chan *ServerConn // capacity 1: the pool never blocks handing over
+	since time.Time        // when it started waiting, for maxwait
 }
 
 // capacityGranted is the signal value telling a waiter to open a connection.
@@ -83,6 +84,11 @@ type poolStats struct {
 	serverConnects    atomic.Int64
 	serverConnectErrs atomic.Int64
 	waitNanos         atomic.Int64
+	transactions      atomic.Uint64
+	queries           atomic.Uint64
+	bytesReceived     atomic.Uint64
+	bytesSent         atomic.Uint64
+	checkoutWait      durationHistogram
 }
 
 func newPool(key poolKey, settings poolSettings, connect func(ctx context.Context) (*ServerConn, error)) *Pool {
@@ -104,6 +110,7 @@ func (p *Pool) TryAcquireIdle() *ServerConn {
 		p.mu.Unlock()
 		if sc.idleAndAlive() {
 			p.stats.checkouts.Add(1)
+			p.stats.checkoutWait.observe(0)
 			return sc
 		}
 		sc.close()
@@ -131,6 +138,7 @@ func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
 			p.idle = p.idle[:n-1]
 			p.mu.Unlock()
 			if sc.idleAndAlive() {
+				p.stats.checkoutWait.observe(0)
 				return sc, nil
 			}
 			sc.close()
@@ -141,16 +149,25 @@ func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
 		if p.total < p.settings.Load().size {
 			p.total++
 			p.mu.Unlock()
-			return p.open(ctx)
+			start := time.Now()
+			sc, err := p.open(ctx)
+			if err == nil {
+				p.stats.checkoutWait.observe(time.Since(start))
+			}
+			return sc, err
 		}
 		break
 	}
-	waiter := &poolWaiter{ch: make(chan *ServerConn, 1)}
+	start := time.Now()
+	waiter := &poolWaiter{ch: make(chan *ServerConn, 1), since: start}
 	p.waiters = append(p.waiters, waiter)
 	p.mu.Unlock()
 
-	start := time.Now()
-	defer func() { p.stats.waitNanos.Add(int64(time.Since(start))) }()
+	defer func() {
+		waited := time.Since(start)
+		p.stats.waitNanos.Add(int64(waited))
+		p.stats.checkoutWait.observe(waited)
+	}()
 	select {
 	case sc := <-waiter.ch:
 		switch sc {

@@ -39,6 +39,9 @@ type Pooler struct {
 	poolsMu sync.Mutex
 	pools   map[poolKey]*Pool
 
+	healthMu       sync.Mutex // guards databaseHealth
+	databaseHealth map[string]*databaseHealth
+
 	sessionsMu sync.Mutex
 	sessions   map[uint32]*session // every session, by its BackendKeyData process id
 
@@ -78,13 +81,14 @@ func New(cfg *config.Config, log *zap.Logger, recorder LoginRecorder) (*Pooler, 
 		return nil, err
 	}
 	p := &Pooler{
-		log:          log,
-		recorder:     recorder,
-		registry:     auth.NewRegistry(cfg.General.PassthroughAuth),
-		pools:        make(map[poolKey]*Pool),
-		sessions:     make(map[uint32]*session),
-		connectSlots: make(chan struct{}, maxConcurrentServerConnects),
-		done:         make(chan struct{}),
+		log:            log,
+		recorder:       recorder,
+		registry:       auth.NewRegistry(cfg.General.PassthroughAuth),
+		pools:          make(map[poolKey]*Pool),
+		sessions:       make(map[uint32]*session),
+		databaseHealth: make(map[string]*databaseHealth),
+		connectSlots:   make(chan struct{}, maxConcurrentServerConnects),
+		done:           make(chan struct{}),
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.state.Store(state)
@@ -151,8 +155,9 @@ func (p *Pooler) Serve() error {
 		p.wg.Add(1)
 		go p.acceptLoop(l, i)
 	}
-	p.wg.Add(1)
+	p.wg.Add(2)
 	go p.maintenanceLoop()
+	go p.healthLoop()
 	<-p.done
 	return ErrServerClosed
 }

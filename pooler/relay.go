@@ -218,6 +218,7 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	s.mu.Unlock()
 
 	_, err := sc.conn.Write(chunk)
+	sc.pool.stats.bytesReceived.Add(uint64(len(chunk)))
 
 	s.mu.Lock()
 	s.writing = false
@@ -368,7 +369,7 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 			return
 		}
 		chunk := sc.buf[:n]
-		readies := 0
+		readies, idleReadies := 0, 0
 		var status byte
 		for off := 0; off < n; {
 			var msg wire.Message
@@ -392,6 +393,9 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 				if len(msg.Body) == 1 {
 					readies++
 					status = msg.Body[0]
+					if status == wire.TxIdle {
+						idleReadies++
+					}
 				}
 			case wire.MsgCopyInResponse:
 				s.mu.Lock()
@@ -403,7 +407,8 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 				if copyIn {
 					copyIn = false
 					s.mu.Lock()
-					if msg.Type == wire.MsgCommandComplete && s.copyIgnoredSyncs > 0 {
+					completed := msg.Type == wire.MsgCommandComplete || copyFailedByClient(msg.Body)
+					if completed && s.copyIgnoredSyncs > 0 {
 						// Postgres ignores Sync during copy-in, so the
 						// Syncs sent inside this COPY get no answer.
 						s.pending = max(s.pending-s.copyIgnoredSyncs, 0)
@@ -415,14 +420,20 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 			}
 		}
 		writeErr := s.write(chunk)
+		stats := &sc.pool.stats
+		stats.bytesSent.Add(uint64(n))
 
 		s.mu.Lock()
 		if readies > 0 {
 			s.pending = max(s.pending-readies, 0)
-			s.txStatus = status
-			if status == wire.TxIdle {
-				s.transactions.Add(int64(readies))
+			// Every ReadyForQuery that says idle ends a transaction: an
+			// explicit block, or a statement run in autocommit.
+			if idleReadies > 0 {
+				s.transactions.Add(int64(idleReadies))
+				stats.transactions.Add(uint64(idleReadies))
 			}
+			s.txStatus = status
+			stats.queries.Add(uint64(readies))
 		}
 		if writeErr != nil && !s.closing {
 			// The client is gone. Closing its connection wakes serve,

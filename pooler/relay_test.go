@@ -940,6 +940,32 @@ func TestExtendedCopyInReleasesServer(t *testing.T) {
 	}
 }
 
+// TestExtendedCopyFailReleasesServer: the same extended-protocol COPY
+// abandoned with CopyFail (libpq's PQputCopyEnd with an error message, which
+// sends CopyFail and Sync): Postgres answers ErrorResponse and one
+// ReadyForQuery for the two Syncs, the first having been ignored in COPY IN
+// mode before anything failed. The client is then idle and its server must
+// go back to the pool.
+func TestExtendedCopyFailReleasesServer(t *testing.T) {
+	h := newHarness(t, func(cfg *config.Config) { cfg.General.CheckoutTimeout = 1000 })
+	conn, fe := h.rawConnect()
+	b := h.connect()
+	writeRaw(t, conn, encodeMsgs(t, &pgproto3.Parse{Query: "COPY IN"}, &pgproto3.Bind{},
+		&pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{}))
+	var got []string
+	for len(got) == 0 || got[len(got)-1] != "CopyInResponse" {
+		got = append(got, describeMsg(receiveMessage(t, conn, fe)))
+	}
+	writeRaw(t, conn, encodeMsgs(t, &pgproto3.CopyData{Data: []byte("1\n")}, &pgproto3.CopyFail{Message: "client gave up"}, &pgproto3.Sync{}))
+	if got, want := readUntilReady(t, conn, fe), []string{"ErrorResponse 57014", "ReadyForQuery I"}; !slices.Equal(got, want) {
+		t.Fatalf("client got %q, want %q", got, want)
+	}
+	server := h.fake.connList()[0]
+	if pid, err := whoami(b); err != nil || pid != server.pid {
+		t.Fatalf("another client: pid %d, err %v; want backend %d released to the pool", pid, err, server.pid)
+	}
+}
+
 // TestServerLostMidTransactionDoesNotRelink: when the server connection of
 // a client inside a transaction dies, the client's following statements
 // must not run anywhere (its transaction is gone). readServer clears

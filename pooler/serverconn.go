@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -55,12 +56,47 @@ type serverEndpoint struct {
 }
 
 // inspectServerMessage tells the scanner of server output which message
-// bodies the relay must see: the transaction status of ReadyForQuery.
+// bodies the relay must see: the transaction status of ReadyForQuery, and
+// the start of an ErrorResponse (its code and message, to tell how a COPY
+// ended). Errors are rare; ReadyForQuery costs one byte.
 func inspectServerMessage(typ byte) int {
-	if typ == wire.MsgReadyForQuery {
+	switch typ {
+	case wire.MsgReadyForQuery:
 		return 1
+	case wire.MsgErrorResponse:
+		return 256
 	}
 	return 0
+}
+
+// copyFailedByClient reports whether an ErrorResponse body (or its first
+// bytes) is Postgres's answer to the client's own CopyFail: SQLSTATE 57014
+// with the message "COPY from stdin failed: …". A cancel or a bad row also
+// ends a COPY with an error, but at a point that may come before Syncs the
+// client sent inside the COPY, which Postgres then answers; only the
+// CopyFail answer proves they were all ignored. A translated message
+// (lc_messages) does not match, which errs on the safe side.
+func copyFailedByClient(body []byte) bool {
+	var code, message string
+	for len(body) > 1 && body[0] != 0 {
+		field := body[0]
+		end := 1
+		for end < len(body) && body[end] != 0 {
+			end++
+		}
+		value := string(body[1:end])
+		switch field {
+		case 'C':
+			code = value
+		case 'M':
+			message = value
+		}
+		if end >= len(body) {
+			break
+		}
+		body = body[end+1:]
+	}
+	return code == "57014" && strings.HasPrefix(message, "COPY from stdin failed")
 }
 
 // openServerConn opens and authenticates a server connection with pgconn

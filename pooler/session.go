@@ -123,9 +123,11 @@ type session struct {
 	// than the client sent. copyIgnoredSyncs is how many Syncs the client
 	// sent between the command that started the COPY and its CopyDone or
 	// CopyFail (-1 until known); they are taken off pending when the COPY
-	// completes. After a failed COPY some of them may have been answered,
-	// so nothing is taken off: an overcount only keeps the server linked
-	// (it is cleaned up when the client leaves), it never releases it early.
+	// completes or is ended by the client's CopyFail. After a COPY that
+	// failed otherwise (a bad row, a cancel) some of them may have been
+	// answered, so nothing is taken off: an overcount only keeps the server
+	// linked (it is cleaned up when the client leaves), it never releases
+	// it early.
 	copyIn           bool
 	copyIgnoredSyncs int
 	ended            bool // ended by shutdown

@@ -1,0 +1,164 @@
+package pooler
+
+import (
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler/wire"
+)
+
+// CheckoutWaitBuckets are the upper bounds, in seconds, of the checkout
+// wait histogram: from an idle connection taken at once (the first bucket)
+// to a wait as long as the default checkout_timeout.
+var CheckoutWaitBuckets = []float64{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10}
+
+// durationHistogram is a fixed-bucket histogram of atomics: recording is
+// two atomic adds, with no lock and no allocation, so pools can record
+// every checkout; metrics reads it at scrape time.
+type durationHistogram struct {
+	counts   [16]atomic.Uint64 // per bucket (not cumulative); the last used one is +Inf
+	sumNanos atomic.Uint64
+}
+
+func (h *durationHistogram) observe(d time.Duration) {
+	seconds := d.Seconds()
+	i := 0
+	for i < len(CheckoutWaitBuckets) && seconds > CheckoutWaitBuckets[i] {
+		i++
+	}
+	h.counts[i].Add(1)
+	h.sumNanos.Add(uint64(max(d, 0)))
+}
+
+// HistogramSnapshot is a histogram read at one moment.
+type HistogramSnapshot struct {
+	Bounds []float64 // upper bounds in seconds, as CheckoutWaitBuckets
+	// Cumulative[i] counts observations <= Bounds[i].
+	Cumulative []uint64
+	Count      uint64
+	SumSeconds float64
+}
+
+func (h *durationHistogram) snapshot() HistogramSnapshot {
+	snap := HistogramSnapshot{Bounds: CheckoutWaitBuckets, Cumulative: make([]uint64, len(CheckoutWaitBuckets))}
+	var running uint64
+	for i := range CheckoutWaitBuckets {
+		running += h.counts[i].Load()
+		snap.Cumulative[i] = running
+	}
+	snap.Count = running + h.counts[len(CheckoutWaitBuckets)].Load()
+	snap.SumSeconds = float64(h.sumNanos.Load()) / 1e9
+	return snap
+}
+
+// PoolStats is a snapshot of one pool, named after PgBouncer's and PgDog's
+// SHOW POOLS and SHOW STATS columns, which exporters already know.
+type PoolStats struct {
+	User, Database string
+	Mode           config.PoolerMode
+	Size           int
+
+	ClientsActive  int // cl_active: clients with a server connection linked
+	ClientsWaiting int // cl_waiting: clients waiting for a server connection
+
+	ServersActive            int // sv_active: linked, the client's statement or transaction in progress
+	ServersIdle              int // sv_idle: in the pool, ready
+	ServersIdleInTransaction int // sv_idle_xact: linked, the client idle inside a transaction
+	ServersTotal             int // sv_total: open or being opened
+
+	MaxWait time.Duration // maxwait: how long the oldest waiting client has waited
+
+	Transactions      uint64        // total_xact_count: transactions (ReadyForQuery back to idle)
+	Queries           uint64        // total_query_count: requests answered (Query, Sync, FunctionCall)
+	BytesReceived     uint64        // total_received: bytes from clients
+	BytesSent         uint64        // total_sent: bytes to clients
+	WaitTime          time.Duration // total_wait_time: time clients spent waiting for a server connection
+	ServerConnections uint64        // total_server_connections: server connections opened
+	CheckoutTimeouts  uint64        // checkouts that gave up after checkout_timeout
+	CheckoutWait      HistogramSnapshot
+}
+
+// PoolStats returns a snapshot of every pool. It walks the sessions to
+// classify linked server connections, so it costs O(clients) and is meant
+// for scrapes and the admin console, not for the hot path.
+func (p *Pooler) PoolStats() []PoolStats {
+	p.poolsMu.Lock()
+	pools := make(map[*Pool]*PoolStats, len(p.pools))
+	order := make([]*Pool, 0, len(p.pools))
+	for _, pool := range p.pools {
+		order = append(order, pool)
+	}
+	p.poolsMu.Unlock()
+	now := time.Now()
+	for _, pool := range order {
+		settings := pool.settings.Load()
+		st := &PoolStats{
+			User: pool.key.user, Database: pool.key.database, Mode: settings.mode, Size: settings.size,
+			Transactions:      pool.stats.transactions.Load(),
+			Queries:           pool.stats.queries.Load(),
+			BytesReceived:     pool.stats.bytesReceived.Load(),
+			BytesSent:         pool.stats.bytesSent.Load(),
+			WaitTime:          time.Duration(pool.stats.waitNanos.Load()),
+			ServerConnections: uint64(pool.stats.serverConnects.Load()),
+			CheckoutTimeouts:  uint64(pool.stats.checkoutTimeouts.Load()),
+			CheckoutWait:      pool.stats.checkoutWait.snapshot(),
+		}
+		pool.mu.Lock()
+		st.ServersIdle = len(pool.idle)
+		st.ServersTotal = pool.total
+		st.ClientsWaiting = len(pool.waiters)
+		if len(pool.waiters) > 0 {
+			st.MaxWait = now.Sub(pool.waiters[0].since)
+		}
+		pool.mu.Unlock()
+		pools[pool] = st
+	}
+	for _, s := range p.sessionList() {
+		s.mu.Lock()
+		sc := s.server
+		idleInTransaction := sc != nil && s.pending == 0 && !s.unsynced && s.txStatus != wire.TxIdle
+		s.mu.Unlock()
+		if sc == nil {
+			continue
+		}
+		st := pools[sc.pool]
+		if st == nil {
+			continue // a pool closed by a reload
+		}
+		st.ClientsActive++
+		if idleInTransaction {
+			st.ServersIdleInTransaction++
+		} else {
+			st.ServersActive++
+		}
+	}
+	out := make([]PoolStats, 0, len(order))
+	for _, pool := range order {
+		out = append(out, *pools[pool])
+	}
+	return out
+}
+
+// ListenSocket is one worker's listening socket, for reading the kernel's
+// accept-queue figures (TCP_INFO) at scrape time.
+type ListenSocket struct {
+	Worker int
+	Addr   net.Addr
+	Conn   syscall.RawConn
+}
+
+// ListenSockets returns the listening sockets (after Listen).
+func (p *Pooler) ListenSockets() []ListenSocket {
+	sockets := make([]ListenSocket, 0, len(p.listeners))
+	for i, l := range p.listeners {
+		raw, err := l.SyscallConn()
+		if err != nil {
+			continue
+		}
+		sockets = append(sockets, ListenSocket{Worker: i, Addr: l.Addr(), Conn: raw})
+	}
+	return sockets
+}
