@@ -30,18 +30,21 @@ type fakePG struct {
 	done     chan struct{}
 	wg       sync.WaitGroup
 
-	mu      sync.Mutex
-	nextPID uint32
-	conns   []*fakeConn
-	cancels []fakeCancel
-	gates   map[string]chan struct{}
-	closed  bool
+	mu             sync.Mutex
+	nextPID        uint32
+	conns          []*fakeConn
+	cancels        []fakeCancel
+	cancelArrivals int  // CancelRequests read, including held ones
+	holdCancels    bool // CancelRequests wait for openGate("cancels")
+	gates          map[string]chan struct{}
+	closed         bool
 }
 
-// fakeCancel is a CancelRequest the fake received.
+// fakeCancel is a CancelRequest the fake acted on.
 type fakeCancel struct {
-	PID     uint32
-	Matched bool // pid and secret named a live connection
+	PID         uint32
+	Matched     bool // pid and secret named a connection
+	Interrupted bool // that connection was running SLEEP, which it canceled
 }
 
 // fakeConn is one server connection of the fake. Fields below mu are
@@ -324,20 +327,50 @@ func (f *fakePG) serve(nc net.Conn) {
 	c.serveMessages()
 }
 
+// handleCancel acts on a CancelRequest as Postgres does: it interrupts the
+// statement the backend runs now (SLEEP here) and is a no-op otherwise.
 func (f *fakePG) handleCancel(pid uint32, secret []byte) {
 	f.mu.Lock()
+	f.cancelArrivals++
+	hold := f.holdCancels
+	f.mu.Unlock()
+	if hold {
+		select {
+		case <-f.gate("cancels"):
+		case <-f.done:
+			return
+		}
+	}
+	f.mu.Lock()
 	defer f.mu.Unlock()
-	matched := false
+	record := fakeCancel{PID: pid}
 	for _, c := range f.conns {
 		if c.pid == pid && len(secret) == 4 && binary.BigEndian.Uint32(secret) == c.secret {
-			matched = true
-			select {
-			case c.cancel <- struct{}{}:
-			default:
+			record.Matched = true
+			if c.sleeping {
+				record.Interrupted = true
+				select {
+				case c.cancel <- struct{}{}:
+				default:
+				}
 			}
 		}
 	}
-	f.cancels = append(f.cancels, fakeCancel{PID: pid, Matched: matched})
+	f.cancels = append(f.cancels, record)
+}
+
+// holdCancelRequests makes CancelRequests wait for openGate("cancels")
+// before they take effect, as a slow network or a loaded postmaster would.
+func (f *fakePG) holdCancelRequests() {
+	f.mu.Lock()
+	f.holdCancels = true
+	f.mu.Unlock()
+}
+
+func (f *fakePG) cancelArrivalCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cancelArrivals
 }
 
 func (c *fakeConn) authenticate() bool {

@@ -79,7 +79,6 @@ type serverParameter struct{ name, value string }
 
 // poolStats are the pool's counters, read by metrics and the admin console.
 type poolStats struct {
-	checkouts         atomic.Int64
 	checkoutTimeouts  atomic.Int64
 	serverConnects    atomic.Int64
 	serverConnectErrs atomic.Int64
@@ -109,7 +108,6 @@ func (p *Pool) TryAcquireIdle() *ServerConn {
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
 		if sc.idleAndAlive() {
-			p.stats.checkouts.Add(1)
 			p.stats.checkoutWait.observe(0)
 			return sc
 		}
@@ -125,25 +123,17 @@ func (p *Pool) TryAcquireIdle() *ServerConn {
 // caller must give it back with Release or Discard. It waits at most until
 // ctx ends and returns ErrCheckoutTimeout (or ErrPoolClosed) then.
 func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
-	p.stats.checkouts.Add(1)
-	p.mu.Lock()
 	for {
+		if sc := p.TryAcquireIdle(); sc != nil {
+			return sc, nil
+		}
+		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
 			return nil, ErrPoolClosed
 		}
-		if n := len(p.idle); n > 0 {
-			sc := p.idle[n-1]
-			p.idle[n-1] = nil
-			p.idle = p.idle[:n-1]
-			p.mu.Unlock()
-			if sc.idleAndAlive() {
-				p.stats.checkoutWait.observe(0)
-				return sc, nil
-			}
-			sc.close()
-			p.mu.Lock()
-			p.total--
+		if len(p.idle) > 0 {
+			p.mu.Unlock() // one came back meanwhile
 			continue
 		}
 		if p.total < p.settings.Load().size {

@@ -223,14 +223,11 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	s.mu.Lock()
 	s.writing = false
 	s.cond.Broadcast()
-	if err == nil && s.server == sc && !s.closing && s.mode == config.PoolerModeTransaction &&
-		s.pending == 0 && !s.unsynced && !s.clientMid && s.txStatus == wire.TxIdle {
-		// What was just written needs no answer (a Flush, the end of a
-		// message body) and left the link at its release point, but
-		// readServer may have looked before the write ended and gone back
-		// to reading. Wake it to look again.
-		s.releaseWake = true
-		_ = sc.conn.SetReadDeadline(time.Now())
+	if err == nil && s.server == sc {
+		// What was just written may need no answer (a Flush, the end of a
+		// message body) and leave the link at its release point, while
+		// readServer looked before the write ended and went back to reading.
+		s.wakeReaderLocked(sc)
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -465,6 +462,18 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 	}
 }
 
+// wakeReaderLocked makes readServer check the release point again when the
+// link has reached it, by giving sc a read deadline in the past (readServer
+// clears it). s.mu must be held and sc must be s.server.
+func (s *session) wakeReaderLocked(sc *ServerConn) {
+	if s.closing || s.mode != config.PoolerModeTransaction || s.cancelsInFlight > 0 ||
+		s.pending != 0 || s.unsynced || s.clientMid || s.txStatus != wire.TxIdle {
+		return
+	}
+	s.releaseWake = true
+	_ = sc.conn.SetReadDeadline(time.Now())
+}
+
 // releaseLocked unlinks sc and gives it back to the pool. s.mu must be held
 // by readServer; it is released.
 func (s *session) releaseLocked(sc *ServerConn) {
@@ -487,7 +496,7 @@ func (s *session) releaseLocked(sc *ServerConn) {
 // since anything answered raised pending before the write began). s.mu must
 // be held, by the goroutine that reads sc.
 func (s *session) releasableLocked(sc *ServerConn) bool {
-	return s.pending == 0 && !s.unsynced && !s.clientMid &&
+	return s.pending == 0 && !s.unsynced && !s.clientMid && s.cancelsInFlight == 0 &&
 		s.txStatus == wire.TxIdle && sc.scanner.AtBoundary()
 }
 
@@ -539,7 +548,9 @@ func (s *session) returnServer(sc *ServerConn, pending int, midBatch bool, txSta
 	_ = sc.conn.SetReadDeadline(time.Time{})
 	settings := sc.pool.settings.Load()
 	if pending > 0 || midBatch || !sc.scanner.AtBoundary() {
-		if pending > 0 {
+		// Something may still be running (a query, an Execute sent with
+		// Flush and no Sync): cancel it rather than let it run for nobody.
+		if pending > 0 || midBatch {
 			ctx, cancel := context.WithTimeout(s.pooler.ctx, time.Second)
 			_ = sendCancel(ctx, sc.address, sc.processID, sc.secretKey)
 			cancel()

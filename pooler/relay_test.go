@@ -378,6 +378,27 @@ func TestClientGoneMidQueryCancelsAndClosesServer(t *testing.T) {
 	})
 }
 
+// TestClientGoneMidExtendedQueryCancels: a client that vanishes while an
+// Execute it sent without Sync (pgx pipelines, JDBC-style Flush) is still
+// running leaves pending at 0 but the batch open: its backend is still
+// working for nobody, and Postgres will not notice the closed socket until
+// the query tries to send. The pooler must cancel it, as it does for a
+// simple query, not only close the connection.
+func TestClientGoneMidExtendedQueryCancels(t *testing.T) {
+	h := newHarness(t, nil)
+	conn, _ := h.rawConnect()
+	writeRaw(t, conn, encodeMsgs(t, &pgproto3.Parse{Query: "SLEEP"}, &pgproto3.Bind{},
+		&pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Flush{}))
+	var server *fakeConn
+	waitFor(t, "SLEEP to start", func() bool { server = h.fake.sleeper(); return server != nil })
+	conn.Close()
+	// returnServer sends any cancel before it discards the connection.
+	waitFor(t, "the pool to drop the abandoned connection", func() bool { return h.stat().Total == 0 })
+	if cancels := h.fake.cancelList(); len(cancels) != 1 || cancels[0].PID != server.pid || !cancels[0].Matched {
+		t.Errorf("cancel requests %+v, want one for backend %d: its Execute was still running", cancels, server.pid)
+	}
+}
+
 // TestSessionModeKeepsServerForClientLife: in session mode each client
 // keeps one server connection for its whole life; on disconnect the
 // connection is reset with DISCARD ALL and reused.
@@ -551,6 +572,70 @@ func TestCancelRoutedToLinkedBackend(t *testing.T) {
 		t.Error("client A unusable after the cancel")
 	}
 	mustExec(t, b, "COMMIT")
+}
+
+// TestCancelDoesNotReachTheNextClientsQuery: a cancel forwarded for client
+// A must never interrupt another client's query. The pooler reads A's
+// server under the session lock, then sends the cancel; if A's query ends
+// meanwhile, the server goes back to the pool and the next client's query
+// is the one canceled. Here the cancel is held up on its way (as a slow
+// network or a busy postmaster would hold it) while A's query ends and the
+// only server connection goes to client B. PgBouncer keeps a server with a
+// cancel in flight out of the pool until the cancel is delivered.
+func TestCancelDoesNotReachTheNextClientsQuery(t *testing.T) {
+	h := newHarness(t, nil)
+	h.fake.holdCancelRequests()
+	a, b := h.connect(), h.connect()
+	gateErr := make(chan error, 1)
+	go func() {
+		_, err := execSQL(a, "GATE a")
+		gateErr <- err
+	}()
+	waitFor(t, "client A's query to run", func() bool { return h.fake.atGate("a") != nil })
+	sleepErr := make(chan error, 1)
+	go func() {
+		_, err := execSQL(b, "SLEEP")
+		sleepErr <- err
+	}()
+	h.waitWaiting(1)
+
+	canceled := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		defer cancel()
+		canceled <- a.CancelRequest(ctx)
+	}()
+	waitFor(t, "client A's cancel to reach the server", func() bool { return h.fake.cancelArrivalCount() == 1 })
+	h.fake.openGate("a")
+	if err := recvWithin(t, gateErr, "client A's query"); err != nil {
+		t.Fatalf("client A: %v", err)
+	}
+	// Give client B's query the chance to start on the server A left; a
+	// pooler that holds the server back until the cancel is delivered never
+	// starts it, and the bounded wait just ends.
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for h.fake.sleeper() == nil && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	h.fake.openGate("cancels")
+	if err := recvWithin(t, canceled, "client A's CancelRequest"); err != nil {
+		t.Fatalf("CancelRequest: %v", err)
+	}
+	waitFor(t, "the cancel to take effect", func() bool { return len(h.fake.cancelList()) == 1 })
+	if c := h.fake.cancelList()[0]; c.Interrupted {
+		t.Fatalf("client A's cancel interrupted client B's query on backend %d", c.PID)
+	}
+
+	// End client B's query with its own cancel.
+	waitFor(t, "client B's query to run", func() bool { return h.fake.sleeper() != nil })
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := b.CancelRequest(ctx); err != nil {
+		t.Fatalf("client B's CancelRequest: %v", err)
+	}
+	if err := recvWithin(t, sleepErr, "client B's query"); pgErrorCode(err) != "57014" {
+		t.Errorf("client B's query: %v, want SQLSTATE 57014 from its own cancel", err)
+	}
 }
 
 // TestCopyInHoldsServerUntilDone: a COPY FROM STDIN keeps the server linked

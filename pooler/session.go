@@ -114,6 +114,9 @@ type session struct {
 	// releaseWake says serve set a past read deadline on the server to make
 	// readServer check the release point again; readServer clears both.
 	releaseWake bool
+	// cancelsInFlight counts cancel requests being forwarded to the linked
+	// server; the link is not released until they are delivered.
+	cancelsInFlight int
 	// serverFailed says the linked server connection failed; the session
 	// is ending and must not link another.
 	serverFailed bool
@@ -513,19 +516,30 @@ func (p *Pooler) cancelRequest(processID uint32, secret []byte) {
 	}
 	target.mu.Lock()
 	sc := target.server
-	var address string
-	var serverPID uint32
-	var serverSecret []byte
-	if sc != nil {
-		address, serverPID, serverSecret = sc.address, sc.processID, sc.secretKey
-	}
-	target.mu.Unlock()
-	if sc == nil {
+	if sc == nil || target.closing {
+		target.mu.Unlock()
 		return
 	}
+	// Hold the link until Postgres has taken the cancel in: released now,
+	// the backend could start another client's query before the cancel
+	// lands and cancel that instead. Postgres signals the backend before it
+	// closes the cancel connection, and a backend that gets the signal
+	// while waiting for a command drops it.
+	target.cancelsInFlight++
+	address, serverPID, serverSecret := sc.address, sc.processID, sc.secretKey
+	target.mu.Unlock()
+
 	ctx, cancel := context.WithTimeout(p.ctx, p.state.Load().cfg.General.ConnectTimeout.Duration())
-	defer cancel()
-	if err := sendCancel(ctx, address, serverPID, serverSecret); err != nil {
+	err := sendCancel(ctx, address, serverPID, serverSecret)
+	cancel()
+	if err != nil {
 		p.log.Warn("could not forward a cancel request", zap.Uint32("client_id", processID), zap.Error(err))
 	}
+
+	target.mu.Lock()
+	target.cancelsInFlight--
+	if target.cancelsInFlight == 0 && target.server == sc {
+		target.wakeReaderLocked(sc)
+	}
+	target.mu.Unlock()
 }
