@@ -61,7 +61,7 @@ func fatalError(code, message string, cause error) *clientError {
 // isNormalClose reports whether err is an ordinary end of a connection
 // (peer closed, we closed, shutdown) rather than something worth logging.
 func isNormalClose(err error) bool {
-	return err == nil ||
+	return err == nil || err == errClientLeft ||
 		errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) ||

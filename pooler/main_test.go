@@ -186,7 +186,7 @@ func (h *harness) waitIdle(n int) {
 		func() bool { return h.stat().Idle == n })
 }
 
-// exec runs sql with the simple protocol and returns its results and the
+// execSQL runs sql with the simple protocol and returns its results and the
 // first error (of the exchange or of a statement).
 func execSQL(conn *pgconn.PgConn, sql string) ([]*pgconn.Result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -242,18 +242,46 @@ type pidResult struct {
 	err error
 }
 
-// goWhoami runs WHOAMI on conn in a goroutine; the result arrives on the
-// returned channel.
-func goWhoami(conn *pgconn.PgConn) <-chan pidResult {
-	ch := make(chan pidResult, 1)
+// goClient runs f, which uses conn, on its own goroutine and delivers its
+// result on the returned channel. Cleanup joins the goroutine before conn
+// is closed (closing conn's socket first when f is still blocked), so that
+// a test failing early never leaves pgconn used by two goroutines.
+func goClient[T any](t testing.TB, conn *pgconn.PgConn, f func() T) <-chan T {
+	ch := make(chan T, 1)
+	done := make(chan struct{})
 	go func() {
-		pid, err := whoami(conn)
-		ch <- pidResult{pid, err}
+		defer close(done)
+		ch <- f()
 	}()
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		default:
+			conn.Conn().Close()
+			<-done
+		}
+	})
 	return ch
 }
 
-// receive waits for a value on ch for at most waitTimeout.
+// goExec runs sql on conn in the background (see goClient) and delivers
+// its error.
+func goExec(t testing.TB, conn *pgconn.PgConn, sql string) <-chan error {
+	return goClient(t, conn, func() error {
+		_, err := execSQL(conn, sql)
+		return err
+	})
+}
+
+// goWhoami runs WHOAMI on conn in the background (see goClient).
+func goWhoami(t testing.TB, conn *pgconn.PgConn) <-chan pidResult {
+	return goClient(t, conn, func() pidResult {
+		pid, err := whoami(conn)
+		return pidResult{pid, err}
+	})
+}
+
+// recvWithin waits for a value on ch for at most waitTimeout.
 func recvWithin[T any](t testing.TB, ch <-chan T, what string) T {
 	t.Helper()
 	select {

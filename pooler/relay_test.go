@@ -2,6 +2,7 @@ package pooler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -34,7 +35,7 @@ func TestTransactionReleasePointWaitsForCommit(t *testing.T) {
 	}
 	pidA := mustWhoami(t, a)
 
-	resultB := goWhoami(b)
+	resultB := goWhoami(t, b)
 	h.waitWaiting(1)
 	if !notYet(resultB) {
 		t.Fatalf("client B was served while client A was inside a transaction: %+v", <-resultB)
@@ -77,25 +78,23 @@ func TestQueriesOutsideTransactionShareOneServer(t *testing.T) {
 	}
 
 	// The same, concurrently: both clients' queries all succeed.
-	errs := make(chan error, 2)
+	var done []<-chan error
 	for _, conn := range []*pgconn.PgConn{a, b} {
-		go func() {
+		done = append(done, goClient(t, conn, func() error {
 			for i := range 50 {
 				results, err := execSQL(conn, fmt.Sprintf("SELECT %d", i))
 				if err != nil {
-					errs <- err
-					return
+					return err
 				}
 				if got := string(results[0].Rows[0][0]); got != fmt.Sprint(i) {
-					errs <- fmt.Errorf("SELECT %d returned %q", i, got)
-					return
+					return fmt.Errorf("SELECT %d returned %q", i, got)
 				}
 			}
-			errs <- nil
-		}()
+			return nil
+		}))
 	}
-	for range 2 {
-		if err := recvWithin(t, errs, "concurrent clients"); err != nil {
+	for _, ch := range done {
+		if err := recvWithin(t, ch, "concurrent clients"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -120,7 +119,7 @@ func TestExtendedWithoutSyncKeepsServerLinked(t *testing.T) {
 	}
 	pidA := readPipelineRow(t, pipeline)
 
-	resultB := goWhoami(b)
+	resultB := goWhoami(t, b)
 	h.waitWaiting(1)
 	if !notYet(resultB) {
 		t.Fatalf("client B was served while client A's batch had no Sync: %+v", <-resultB)
@@ -215,7 +214,7 @@ func TestPipelineReleasedAfterLastReadyForQuery(t *testing.T) {
 	})
 
 	// Two ReadyForQuery 'I' went to client A, a third is outstanding.
-	resultB := goWhoami(b)
+	resultB := goWhoami(t, b)
 	h.waitWaiting(1)
 	if !notYet(resultB) {
 		t.Fatalf("client B was served in the middle of client A's pipeline: %+v", <-resultB)
@@ -275,7 +274,7 @@ func TestErrorInTransactionKeepsServerLinked(t *testing.T) {
 		t.Fatalf("client A transaction status %q, want 'E'", got)
 	}
 
-	resultB := goWhoami(b)
+	resultB := goWhoami(t, b)
 	h.waitWaiting(1)
 	if !notYet(resultB) {
 		t.Fatalf("client B was served while client A's transaction had failed but not ended: %+v", <-resultB)
@@ -539,11 +538,7 @@ func TestCancelRoutedToLinkedBackend(t *testing.T) {
 	mustExec(t, b, "BEGIN")
 	pidB := mustWhoami(t, b)
 
-	sleepErr := make(chan error, 1)
-	go func() {
-		_, err := execSQL(a, "SLEEP")
-		sleepErr <- err
-	}()
+	sleepErr := goExec(t, a, "SLEEP")
 	var server *fakeConn
 	waitFor(t, "SLEEP to start", func() bool { server = h.fake.sleeper(); return server != nil })
 	if server.pid == pidB {
@@ -586,25 +581,16 @@ func TestCancelDoesNotReachTheNextClientsQuery(t *testing.T) {
 	h := newHarness(t, nil)
 	h.fake.holdCancelRequests()
 	a, b := h.connect(), h.connect()
-	gateErr := make(chan error, 1)
-	go func() {
-		_, err := execSQL(a, "GATE a")
-		gateErr <- err
-	}()
+	gateErr := goExec(t, a, "GATE a")
 	waitFor(t, "client A's query to run", func() bool { return h.fake.atGate("a") != nil })
-	sleepErr := make(chan error, 1)
-	go func() {
-		_, err := execSQL(b, "SLEEP")
-		sleepErr <- err
-	}()
+	sleepErr := goExec(t, b, "SLEEP")
 	h.waitWaiting(1)
 
-	canceled := make(chan error, 1)
-	go func() {
+	canceled := goClient(t, a, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 		defer cancel()
-		canceled <- a.CancelRequest(ctx)
-	}()
+		return a.CancelRequest(ctx)
+	})
 	waitFor(t, "client A's cancel to reach the server", func() bool { return h.fake.cancelArrivalCount() == 1 })
 	h.fake.openGate("a")
 	if err := recvWithin(t, gateErr, "client A's query"); err != nil {
@@ -623,7 +609,8 @@ func TestCancelDoesNotReachTheNextClientsQuery(t *testing.T) {
 	}
 	waitFor(t, "the cancel to take effect", func() bool { return len(h.fake.cancelList()) == 1 })
 	if c := h.fake.cancelList()[0]; c.Interrupted {
-		t.Fatalf("client A's cancel interrupted client B's query on backend %d", c.PID)
+		err := recvWithin(t, sleepErr, "client B's interrupted query")
+		t.Fatalf("client A's cancel interrupted client B's query on backend %d: client B got %v", c.PID, err)
 	}
 
 	// End client B's query with its own cancel.
@@ -644,13 +631,15 @@ func TestCopyInHoldsServerUntilDone(t *testing.T) {
 	h := newHarness(t, nil)
 	a, b := h.connect(), h.connect()
 	pr, pw := io.Pipe()
-	copied := make(chan error, 1)
-	var tag pgconn.CommandTag
-	go func() {
-		var err error
-		tag, err = a.CopyFrom(context.Background(), pr, "COPY IN")
-		copied <- err
-	}()
+	type copyResult struct {
+		tag pgconn.CommandTag
+		err error
+	}
+	copied := goClient(t, a, func() copyResult {
+		tag, err := a.CopyFrom(context.Background(), pr, "COPY IN")
+		return copyResult{tag, err}
+	})
+	t.Cleanup(func() { pw.CloseWithError(errors.New("test ended")) })
 	if _, err := pw.Write([]byte("1\n2\n")); err != nil {
 		t.Fatal(err)
 	}
@@ -659,7 +648,7 @@ func TestCopyInHoldsServerUntilDone(t *testing.T) {
 		server = h.fake.find(func(c *fakeConn) bool { return slices.Contains(c.log, "d") })
 		return server != nil
 	})
-	resultB := goWhoami(b)
+	resultB := goWhoami(t, b)
 	h.waitWaiting(1)
 	if !notYet(resultB) {
 		t.Fatalf("client B was served in the middle of client A's COPY: %+v", <-resultB)
@@ -668,11 +657,12 @@ func TestCopyInHoldsServerUntilDone(t *testing.T) {
 		t.Fatal(err)
 	}
 	pw.Close()
-	if err := recvWithin(t, copied, "COPY to finish"); err != nil {
-		t.Fatalf("CopyFrom: %v", err)
+	result := recvWithin(t, copied, "COPY to finish")
+	if result.err != nil {
+		t.Fatalf("CopyFrom: %v", result.err)
 	}
-	if tag.String() != "COPY 3" {
-		t.Errorf("COPY returned %q, want COPY 3", tag)
+	if result.tag.String() != "COPY 3" {
+		t.Errorf("COPY returned %q, want COPY 3", result.tag)
 	}
 	got := recvWithin(t, resultB, "client B's query after the COPY")
 	if got.err != nil || got.pid != server.pid {
@@ -1126,7 +1116,7 @@ func TestShutdownFailsWaitingClientsClearly(t *testing.T) {
 	h := newHarness(t, nil)
 	a, b := h.connect(), h.connect()
 	mustExec(t, a, "BEGIN")
-	resultB := goWhoami(b)
+	resultB := goWhoami(t, b)
 	h.waitWaiting(1)
 
 	shutdown := make(chan error, 1)

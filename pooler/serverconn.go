@@ -196,25 +196,56 @@ func (sc *ServerConn) close() {
 // idleAndAlive reports whether an idle server connection is still open and
 // has sent nothing since it went idle. Postgres sends a FATAL error before
 // it ends a session (shutdown, pg_terminate_backend), so unread bytes on an
-// idle connection mean it is going away. The check is one non-blocking
-// recv(MSG_PEEK) and never waits.
+// idle connection mean it is going away.
 func (sc *ServerConn) idleAndAlive() bool {
-	sysConn, ok := sc.conn.(syscall.Conn)
+	switch peekConn(sc.conn) {
+	case peekNothing, peekUnknown: // TLS: the first use will tell
+		return true
+	}
+	return false
+}
+
+// peekResult is what a non-blocking look at a socket's receive queue found.
+type peekResult int
+
+const (
+	peekNothing peekResult = iota // open, nothing to read
+	peekData                      // bytes are waiting
+	peekClosed                    // the peer closed or reset the connection
+	peekUnknown                   // not a socket pgtender can look into (TLS)
+)
+
+// peekConn looks at conn's receive queue with one non-blocking
+// recv(MSG_PEEK) and never waits.
+func peekConn(conn net.Conn) peekResult {
+	sysConn, ok := conn.(syscall.Conn)
 	if !ok {
-		return true // TLS: nothing to peek through; the first use will tell
+		return peekUnknown
 	}
 	raw, err := sysConn.SyscallConn()
 	if err != nil {
-		return false
+		return peekUnknown
 	}
-	alive := false
+	result := peekUnknown
 	var probe [1]byte
 	err = raw.Read(func(fd uintptr) bool {
 		n, _, recvErr := unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		alive = n < 0 && (recvErr == unix.EAGAIN || recvErr == unix.EWOULDBLOCK)
+		switch {
+		case n > 0:
+			result = peekData
+		case n == 0 && recvErr == nil:
+			result = peekClosed
+		case recvErr == unix.EAGAIN || recvErr == unix.EWOULDBLOCK:
+			result = peekNothing
+		default:
+			result = peekClosed
+		}
 		return true // never wait for readiness
 	})
-	return err == nil && alive
+	if err != nil {
+		return peekClosed
+	}
+	return result
 }
 
 // exec runs one simple-protocol statement that returns no rows the caller

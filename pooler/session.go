@@ -253,6 +253,13 @@ func (s *session) login() error {
 	return err
 }
 
+// slowReadyStage is how long the ready stage may take before pgtender
+// checks that the client is still there.
+const slowReadyStage = time.Millisecond
+
+// errClientLeft ends a login whose client went away while it waited.
+var errClientLeft = errors.New("client left during login")
+
 // errCancelRequest ends a connection that carried a CancelRequest.
 var errCancelRequest = errors.New("cancel request handled")
 
@@ -356,6 +363,12 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	ctx, cancel := s.checkoutContext(deadline)
 	params, err := pool.parameters(ctx)
 	cancel()
+	// A cold pool makes the client wait for the first server connection;
+	// a client that gave up meanwhile is an abandoned login, not a
+	// completed or refused one. One peek at its socket tells.
+	if time.Since(readyStart) > slowReadyStage && peekConn(s.conn) == peekClosed {
+		return errClientLeft
+	}
 	if err != nil {
 		return s.checkoutError(err)
 	}
