@@ -168,13 +168,19 @@ func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
 		}
 		return sc, nil
 	case <-ctx.Done():
+		// A deadline is checkout_timeout; a cancellation is shutdown.
+		failure := ErrCheckoutTimeout
+		if errors.Is(ctx.Err(), context.Canceled) {
+			failure = ctx.Err()
+		} else {
+			p.stats.checkoutTimeouts.Add(1)
+		}
 		p.mu.Lock()
 		for i, w := range p.waiters {
 			if w == waiter {
 				p.waiters = append(p.waiters[:i], p.waiters[i+1:]...)
 				p.mu.Unlock()
-				p.stats.checkoutTimeouts.Add(1)
-				return nil, ErrCheckoutTimeout
+				return nil, failure
 			}
 		}
 		p.mu.Unlock()
@@ -189,8 +195,7 @@ func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
 		default:
 			p.Release(sc)
 		}
-		p.stats.checkoutTimeouts.Add(1)
-		return nil, ErrCheckoutTimeout
+		return nil, failure
 	}
 }
 
@@ -359,6 +364,17 @@ func (p *Pool) grow(ctx context.Context) error {
 	}
 	p.Release(sc)
 	return nil
+}
+
+// resize applies new settings; capacity a larger size frees goes to the
+// clients already waiting.
+func (p *Pool) resize(settings poolSettings) {
+	p.settings.Store(&settings)
+	p.mu.Lock()
+	for len(p.waiters) > 0 && !p.closed && p.total < settings.size {
+		p.handOffCapacityLocked()
+	}
+	p.mu.Unlock()
 }
 
 // Background growth backs off from minGrowBackoff doubling to

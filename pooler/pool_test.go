@@ -228,6 +228,33 @@ func TestPoolAcquireTimesOut(t *testing.T) {
 	pool.Release(got)
 }
 
+// TestPoolAcquireCanceledIsNotATimeout: a wait ended by cancellation (the
+// pooler's context, canceled by Shutdown) is not a checkout timeout: the
+// session maps context.Canceled to 57P03 "pool closed", but Acquire turns
+// every ended context into ErrCheckoutTimeout, so a client waiting when the
+// pooler shuts down can be told 53300 "within checkout_timeout", and the
+// timeout counter (a metric) counts shutdowns.
+func TestPoolAcquireCanceledIsNotATimeout(t *testing.T) {
+	pool, _ := testPool(t, poolSettings{size: 1})
+	sc := mustAcquire(t, pool)
+	defer pool.Release(sc)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan acquired, 1)
+	go func() {
+		sc, err := pool.Acquire(ctx)
+		done <- acquired{sc, err}
+	}()
+	waitFor(t, "the Acquire to wait in line", func() bool { return pool.Stat().Waiting == 1 })
+	cancel()
+	got := recvWithin(t, done, "the canceled Acquire")
+	if errors.Is(got.err, ErrCheckoutTimeout) || !errors.Is(got.err, context.Canceled) {
+		t.Errorf("canceled Acquire: %v, want an error wrapping context.Canceled, not ErrCheckoutTimeout", got.err)
+	}
+	if n := pool.stats.checkoutTimeouts.Load(); n != 0 {
+		t.Errorf("checkout timeouts counted %d for a cancellation", n)
+	}
+}
+
 // TestPoolDiscardLetsWaiterOpenReplacement: discarding a broken connection
 // frees its capacity for the first waiter, who opens a new one.
 func TestPoolDiscardLetsWaiterOpenReplacement(t *testing.T) {

@@ -545,7 +545,8 @@ func (s *session) finish() {
 // COPY is closed (after a cancel request, so the backend stops working for
 // nobody); one idle in a transaction is rolled back.
 func (s *session) returnServer(sc *ServerConn, pending int, midBatch bool, txStatus byte) {
-	_ = sc.conn.SetReadDeadline(time.Time{})
+	_ = sc.conn.SetDeadline(time.Time{}) // finish's or forceClose's wake-up
+
 	settings := sc.pool.settings.Load()
 	if pending > 0 || midBatch || !sc.scanner.AtBoundary() {
 		// Something may still be running (a query, an Execute sent with
@@ -572,6 +573,13 @@ func (s *session) returnServer(sc *ServerConn, pending int, midBatch bool, txSta
 			return
 		}
 	}
+	// A cancel of this client's may still be on its way to the backend;
+	// released now, it could land on the next client's query.
+	s.mu.Lock()
+	for s.cancelsInFlight > 0 {
+		s.cond.Wait()
+	}
+	s.mu.Unlock()
 	sc.pool.Release(sc)
 }
 
@@ -598,12 +606,13 @@ func (s *session) endIfIdle() {
 func (s *session) forceClose() {
 	s.mu.Lock()
 	s.ended = true
-	sc := s.server
-	s.mu.Unlock()
-	_ = s.conn.Close()
-	if sc != nil {
+	s.closing = true // readServer hands the server to finish, which closes it
+	if sc := s.server; sc != nil {
+		// Under s.mu, so sc cannot have gone back to the pool meanwhile.
 		_ = sc.conn.SetDeadline(time.Now())
 	}
+	s.mu.Unlock()
+	_ = s.conn.Close()
 }
 
 func (s *session) logDisconnect() {

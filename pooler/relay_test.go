@@ -17,10 +17,12 @@ import (
 	"github.com/pgtender/pgtender/config"
 )
 
-// Protocol tests of the relay: the transaction-mode release point, session
-// mode, client and server failures and cancel routing, each against the
-// fake Postgres of fakepg_test.go with real pgconn clients (or a raw
-// protocol client where pgconn cannot send what the test needs).
+// Protocol tests of the relay (the transaction-mode release point, session
+// mode, client and server failures, cancel routing) and of the startup
+// packet handling, each against the fake Postgres of fakepg_test.go with
+// real pgconn clients, or a raw protocol client where pgconn cannot send
+// what the test needs. Regression tests for bugs found in review are at
+// the end.
 
 // TestTransactionReleasePointWaitsForCommit: with one server connection, a
 // client inside a transaction keeps it; another client's query waits until
@@ -572,11 +574,11 @@ func TestCancelRoutedToLinkedBackend(t *testing.T) {
 // TestCancelDoesNotReachTheNextClientsQuery: a cancel forwarded for client
 // A must never interrupt another client's query. The pooler reads A's
 // server under the session lock, then sends the cancel; if A's query ends
-// meanwhile, the server goes back to the pool and the next client's query
+// meanwhile and the server goes back to the pool, the next client's query
 // is the one canceled. Here the cancel is held up on its way (as a slow
-// network or a busy postmaster would hold it) while A's query ends and the
-// only server connection goes to client B. PgBouncer keeps a server with a
-// cancel in flight out of the pool until the cancel is delivered.
+// network or a busy postmaster would hold it) while A's query ends. Like
+// PgBouncer, the pooler must keep a server with a cancel in flight out of
+// the pool until the cancel is delivered.
 func TestCancelDoesNotReachTheNextClientsQuery(t *testing.T) {
 	h := newHarness(t, nil)
 	h.fake.holdCancelRequests()
@@ -833,15 +835,15 @@ func TestStartupStalledLoginTimesOut(t *testing.T) {
 	})
 }
 
-// Tests below pin down bugs found in review; each fails against the relay
-// as written (see the report for the fix proposed).
+// Regression tests for relay bugs found in review. Each comment says what
+// went wrong in the version that failed it.
 
 // TestReleaseWhenClientFinishesMessageAfterReadyForQuery: the release point
 // is reached when the last ReadyForQuery 'I' arrives while the client is
 // still in the middle of a message the server never answers (here a
-// CopyData outside COPY, which Postgres ignores). The relay decides the
-// release only when a ReadyForQuery arrives, so once the client finishes
-// the message nobody re-checks and the idle client keeps the server.
+// CopyData outside COPY, which Postgres ignores). A relay that decides the
+// release only when a ReadyForQuery arrives never re-checks once the
+// client finishes the message, and the idle client keeps the server.
 func TestReleaseWhenClientFinishesMessageAfterReadyForQuery(t *testing.T) {
 	h := newHarness(t, func(cfg *config.Config) { cfg.General.CheckoutTimeout = 1000 })
 	conn, fe := h.rawConnect()
@@ -872,12 +874,13 @@ func TestReleaseWhenClientFinishesMessageAfterReadyForQuery(t *testing.T) {
 
 // TestReleaseWhenReadyForQueryArrivesDuringClientWrite: the same missed
 // release when the last ReadyForQuery 'I' arrives while serve is still
-// writing client bytes that need no answer (writing is true): readServer
-// skips the release instead of waiting for the write, and nothing checks
-// again afterwards. Here the write is made to block by a server that
-// stops reading (HOLD); in production the window is the few instructions
-// between the Write returning and serve re-taking s.mu, which is why
-// TestQueriesOutsideTransactionShareOneServer fails intermittently.
+// writing client bytes that need no answer (writing is true): a readServer
+// that skips the release instead of waiting for the write, with nothing
+// checking again afterwards, leaves the idle client holding the server.
+// Here the write is made to block by a server that stops reading (HOLD);
+// in production the window is the few instructions between the Write
+// returning and serve re-taking s.mu, and it made
+// TestQueriesOutsideTransactionShareOneServer fail about one run in two.
 func TestReleaseWhenReadyForQueryArrivesDuringClientWrite(t *testing.T) {
 	h := newHarness(t, func(cfg *config.Config) { cfg.General.CheckoutTimeout = 1000 })
 	conn, fe := h.rawConnect()
@@ -936,9 +939,9 @@ func TestReleaseWhenReadyForQueryArrivesDuringClientWrite(t *testing.T) {
 
 // TestCheckoutFailureAnswersEveryBatch: when a checkout fails for a chunk
 // holding two synced extended-protocol batches, each batch must get its
-// error before its ReadyForQuery, as Postgres would answer. answerWithoutServer
-// sends one error per chunk (errorSent is never reset at Sync), so the
-// second batch gets a bare ReadyForQuery and looks like it succeeded.
+// error before its ReadyForQuery, as Postgres would answer. With one error
+// per chunk (errorSent not reset at Sync) the second batch got a bare
+// ReadyForQuery and looked like it succeeded.
 func TestCheckoutFailureAnswersEveryBatch(t *testing.T) {
 	h := newHarness(t, func(cfg *config.Config) { cfg.General.CheckoutTimeout = 200 })
 	a := h.connect()
@@ -960,9 +963,8 @@ func TestCheckoutFailureAnswersEveryBatch(t *testing.T) {
 
 // TestMessagesAfterDiscardedBatchAreServed: after a failed checkout the
 // session drops extended-protocol messages up to the Sync. Whatever the
-// same chunk holds after that Sync is a new request and must be served;
-// answerWithoutServer answers it locally instead (a Query gets a bare
-// ReadyForQuery and never runs).
+// same chunk holds after that Sync is a new request and must be served,
+// not answered locally (a Query got a bare ReadyForQuery and never ran).
 func TestMessagesAfterDiscardedBatchAreServed(t *testing.T) {
 	h := newHarness(t, func(cfg *config.Config) { cfg.General.CheckoutTimeout = 200 })
 	a := h.connect()
@@ -990,7 +992,7 @@ func TestMessagesAfterDiscardedBatchAreServed(t *testing.T) {
 // TestExtendedCopyInReleasesServer: libpq's PQexecParams("COPY … FROM
 // STDIN") sends Parse/Bind/Describe/Execute/Sync, then the data, CopyDone
 // and another Sync. Postgres ignores a Sync received in COPY IN mode, so
-// there is one ReadyForQuery for two Syncs. The relay counts both and waits
+// there is one ReadyForQuery for two Syncs. A relay that counts both waits
 // forever for the second ReadyForQuery: the idle client keeps the server.
 func TestExtendedCopyInReleasesServer(t *testing.T) {
 	h := newHarness(t, func(cfg *config.Config) { cfg.General.CheckoutTimeout = 1000 })
@@ -1045,10 +1047,10 @@ func TestExtendedCopyFailReleasesServer(t *testing.T) {
 // a client inside a transaction dies, the client's following statements
 // must not run anywhere (its transaction is gone). readServer clears
 // s.server and discards the connection before it tells the client and
-// closes the client connection, so serve can link a fresh server in
-// between and run the next statement there, in autocommit. The test
-// widens that window by holding the session's write lock, which
-// readServer needs to send the client its FATAL error.
+// closes the client connection; a serve that links a fresh server in
+// between runs the next statement there, in autocommit. The test widens
+// that window by holding the session's write lock, which readServer needs
+// to send the client its FATAL error.
 func TestServerLostMidTransactionDoesNotRelink(t *testing.T) {
 	h := newHarness(t, nil)
 	conn, fe := h.rawConnect()

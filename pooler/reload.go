@@ -43,7 +43,7 @@ func (p *Pooler) Reload(cfg *config.Config) error {
 			closed = append(closed, pool)
 			continue
 		}
-		pool.settings.Store(&settings)
+		pool.resize(settings)
 	}
 	p.poolsMu.Unlock()
 	for _, pool := range closed {

@@ -489,9 +489,16 @@ func (s *session) write(b []byte) error {
 
 // sendError writes an ErrorResponse; failures are ignored because the
 // connection is usually being closed anyway.
+//
+// The deadline is set under wmu, so it cannot cut short a write of
+// readServer's that is in progress.
 func (s *session) sendError(severity, code, message string) {
+	b := wire.AppendErrorResponse(nil, severity, code, message)
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = s.write(wire.AppendErrorResponse(nil, severity, code, message))
+	n, _ := s.conn.Write(b)
+	s.bytesSent.Add(int64(n))
 	_ = s.conn.SetWriteDeadline(time.Time{})
 }
 
@@ -551,8 +558,11 @@ func (p *Pooler) cancelRequest(processID uint32, secret []byte) {
 
 	target.mu.Lock()
 	target.cancelsInFlight--
-	if target.cancelsInFlight == 0 && target.server == sc {
-		target.wakeReaderLocked(sc)
+	if target.cancelsInFlight == 0 {
+		target.cond.Broadcast() // returnServer may be waiting
+		if target.server == sc {
+			target.wakeReaderLocked(sc)
+		}
 	}
 	target.mu.Unlock()
 }
