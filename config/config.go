@@ -136,10 +136,10 @@ type General struct {
 
 	MaxClientConnections int `toml:"max_client_connections"` // extension, default 0 = limited only by file descriptors
 
-	OpenMetricsPort      int    `toml:"openmetrics_port" restart:"true"`      // 0 = no metrics endpoint; not in effect yet
+	OpenMetricsPort      int    `toml:"openmetrics_port" restart:"true"`      // 0 = no metrics endpoint
 	OpenMetricsHost      string `toml:"openmetrics_host" restart:"true"`      // default "0.0.0.0"
 	OpenMetricsNamespace string `toml:"openmetrics_namespace" restart:"true"` // default ""
-	HealthcheckPort      int    `toml:"healthcheck_port" restart:"true"`      // 0 = no health endpoint; not in effect yet
+	HealthcheckPort      int    `toml:"healthcheck_port" restart:"true"`      // 0 = no health endpoint
 
 	TLSCertificate         string    `toml:"tls_certificate"`           // client-facing TLS certificate (PEM file); not in effect yet
 	TLSPrivateKey          string    `toml:"tls_private_key"`           // its private key (PEM file); not in effect yet

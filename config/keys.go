@@ -108,8 +108,6 @@ var notInEffect = []PlannedKey{
 	{Key: "general.tls_client_required", Default: `false`, Why: "client TLS is not built yet"},
 	{Key: "general.tls_server_ca_certificate", Default: `""`,
 		Why: "reading a CA bundle is not built yet; verify_ca and verify_full use the system's roots"},
-	{Key: "general.openmetrics_port", Default: `0`, Why: "the metrics endpoint is not built yet"},
-	{Key: "general.healthcheck_port", Default: `0`, Why: "the health endpoint is not built yet"},
 	{Key: "general.query_timeout", Default: `0`, Why: "queries are not timed out yet"},
 	{Key: "general.client_idle_in_transaction_timeout", Default: `0`,
 		Why: "clients idle in a transaction are not timed out yet"},

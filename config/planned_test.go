@@ -16,8 +16,6 @@ var notInEffectRejected = map[string][]string{
 	"general.tls_private_key":                    {`"server.key"`},
 	"general.tls_client_required":                {`true`},
 	"general.tls_server_ca_certificate":          {`"ca.crt"`},
-	"general.openmetrics_port":                   {`9090`, `1`},
-	"general.healthcheck_port":                   {`8080`},
 	"general.query_timeout":                      {`1`, `30000`},
 	"general.client_idle_in_transaction_timeout": {`1`, `60000`},
 	"general.passthrough_reverify_interval":      {`0`, `1`, `60001`},
@@ -102,12 +100,12 @@ func TestNotInEffect(t *testing.T) {
 	}
 	mustLoad(t, "[general]\nprepared_statements = \"disabled\"\n"+db, nil)
 
-	// Several at once: each is reported at its own line, none hides another.
+	// Several at once: each is reported at its own line, none hides
+	// another, and the keys in effect between them are accepted.
 	main := "[general]\nquery_timeout = 5\nopenmetrics_port = 9090\nopenmetrics_host = \"127.0.0.1\"\n" +
-		"openmetrics_namespace = \"pg_\"\nprepared_statements = \"extended\"\n" + db
+		"openmetrics_namespace = \"pg_\"\nprepared_statements = \"extended\"\nhealthcheck_port = 8080\n" + db
 	checkProblems(t, loadProblems(t, main, nil), []want{
 		{"pgdog.toml", 2, "general.query_timeout", "leave it out or set it to 0"},
-		{"pgdog.toml", 3, "general.openmetrics_port", "planned: the metrics endpoint"},
 		{"pgdog.toml", 6, "general.prepared_statements", `use "disabled"`},
 	})
 

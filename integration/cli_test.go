@@ -102,17 +102,30 @@ type process struct {
 	exitErr    error         // valid once exited is closed
 }
 
+// processOptions describe a pgtender process for a test.
+type processOptions struct {
+	general        string // extra [general] lines
+	pool           string // extra lines of the app database entry
+	extraDatabases string // more [[databases]] entries
+	users          string // users.toml
+}
+
 // startProcess runs the pgtender binary with a passthrough config whose
 // [general] and [[databases]] extras are given.
 func startProcess(t *testing.T, general, pool string) *process {
+	t.Helper()
+	return startProcessWith(t, processOptions{general: general, pool: pool})
+}
+
+func startProcessWith(t *testing.T, opts processOptions) *process {
 	t.Helper()
 	bin := pgtenderBinary(t)
 	dir := t.TempDir()
 	port := freePort(t)
 	configPath := filepath.Join(dir, "pgdog.toml")
-	writeFile(t, configPath, processConfig(port, general, pool))
+	writeFile(t, configPath, processConfig(port, opts.general, opts.pool)+"\n"+opts.extraDatabases)
 	usersPath := filepath.Join(dir, "users.toml")
-	writeFile(t, usersPath, "")
+	writeFile(t, usersPath, opts.users)
 	pr := &process{output: &syncBuffer{}, addr: fmt.Sprintf("127.0.0.1:%d", port), configPath: configPath, exited: make(chan struct{})}
 	pr.cmd = exec.Command(bin, "--config", configPath, "--users", usersPath)
 	pr.cmd.Stdout = pr.output
@@ -141,15 +154,23 @@ func startProcess(t *testing.T, general, pool string) *process {
 	return pr
 }
 
+// processConfig is a pgdog.toml for a test process. general may override
+// any of the defaults here (a later key in TOML would be a duplicate, so
+// defaults that general sets are left out).
 func processConfig(port int, general, pool string) string {
+	defaults := ""
+	for _, line := range []string{`workers = 2`, `passthrough_auth = "enabled_plain"`} {
+		key := strings.SplitN(line, " ", 2)[0]
+		if !strings.Contains(general, key+" =") {
+			defaults += line + "\n"
+		}
+	}
 	return fmt.Sprintf(`[general]
 host = "127.0.0.1"
 port = %d
-workers = 2
-passthrough_auth = "enabled_plain"
 min_pool_size = 0
 log_format = "json"
-%s
+`+defaults+`%s
 
 [[databases]]
 name = %q

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/metrics"
 	"github.com/pgtender/pgtender/pooler"
 )
 
@@ -73,13 +74,36 @@ func run(args []string) int {
 	}
 	defer log.Sync()
 
-	p, err := pooler.New(cfg, log, nil)
+	general := cfg.General
+	// Without a metrics endpoint the pooler keeps its no-op recorder, so
+	// logins pay nothing for metrics nobody scrapes.
+	var recorder *metrics.LoginRecorder
+	var loginRecorder pooler.LoginRecorder // nil: the pooler's no-op
+	if general.OpenMetricsPort != 0 {
+		recorder = metrics.NewLoginRecorder(general.OpenMetricsNamespace)
+		loginRecorder = recorder
+	}
+	p, err := pooler.New(cfg, log, loginRecorder)
 	if err != nil {
 		log.Error("cannot start", zap.Error(err))
 		return 1
 	}
 	if err := p.Listen(); err != nil {
 		log.Error("cannot listen", zap.Error(err))
+		return 1
+	}
+	// The HTTP endpoints outlive the drain: /readyz answers "draining"
+	// (503) from the first shutdown signal until Shutdown has returned, and
+	// /metrics shows the drain. They close after. No port, no server.
+	metricsAddress, healthAddress := metrics.Addresses(general.OpenMetricsHost, general.OpenMetricsPort, general.HealthcheckPort)
+	options := metrics.Options{MetricsAddress: metricsAddress, HealthAddress: healthAddress, Ready: p.Ready, Log: log}
+	if recorder != nil {
+		options.Gatherer = metrics.NewRegistry(recorder, metrics.NewCollector(general.OpenMetricsNamespace, p, log))
+	}
+	endpoints, err := metrics.Serve(options)
+	if err != nil {
+		log.Error("cannot serve HTTP", zap.Error(err))
+		_ = p.Shutdown(context.Background()) // closes the listening sockets; nothing was served
 		return 1
 	}
 	log.Info("pgtender started", zap.String("version", version), zap.String("pooler_mode", string(cfg.General.PoolerMode)),
@@ -93,6 +117,7 @@ func run(args []string) int {
 	for {
 		select {
 		case err := <-serveDone:
+			stopEndpoints(endpoints, log)
 			if !errors.Is(err, pooler.ErrServerClosed) {
 				log.Error("serve failed", zap.Error(err))
 				return 1
@@ -103,7 +128,7 @@ func run(args []string) int {
 				reload(p, log, *configPath, *usersPath)
 				continue
 			}
-			return drain(p, log, sig, signals, cfg.General.ShutdownTimeout.Duration())
+			return drain(p, endpoints, log, sig, signals, cfg.General.ShutdownTimeout.Duration())
 		}
 	}
 }
@@ -121,8 +146,19 @@ func reload(p *pooler.Pooler, log *zap.Logger, configPath, usersPath string) {
 	}
 }
 
+// stopEndpoints closes the HTTP endpoints, after the pooler has stopped.
+func stopEndpoints(endpoints *metrics.Servers, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := endpoints.Shutdown(ctx); err != nil {
+		log.Warn("HTTP endpoints did not stop in time", zap.Error(err))
+	}
+}
+
 // drain shuts down gracefully, up to timeout; a second signal exits at once.
-func drain(p *pooler.Pooler, log *zap.Logger, sig os.Signal, signals chan os.Signal, timeout time.Duration) int {
+// Shutdown marks the pooler draining (so /readyz answers 503) before it
+// closes the listening sockets.
+func drain(p *pooler.Pooler, endpoints *metrics.Servers, log *zap.Logger, sig os.Signal, signals chan os.Signal, timeout time.Duration) int {
 	log.Info("draining: no new connections; transactions in flight may finish", zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", timeout))
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -136,12 +172,14 @@ func drain(p *pooler.Pooler, log *zap.Logger, sig os.Signal, signals chan os.Sig
 			} else {
 				log.Info("drained")
 			}
+			stopEndpoints(endpoints, log)
 			return 0
 		case sig := <-signals:
 			if sig == syscall.SIGHUP {
 				continue
 			}
 			log.Warn("second signal: exiting at once", zap.String("signal", sig.String()))
+			endpoints.Close()
 			return 1
 		}
 	}

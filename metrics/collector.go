@@ -1,0 +1,170 @@
+package metrics
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/pgtender/pgtender/pooler"
+)
+
+// Source is what the collector reads at scrape time. *pooler.Pooler
+// implements it; tests use a fake.
+type Source interface {
+	PoolStats() []pooler.PoolStats
+	ClientCount() int64
+	ListenSockets() []pooler.ListenSocket
+}
+
+var _ Source = (*pooler.Pooler)(nil)
+
+// procNetstat is where the kernel's TcpExt counters of the process's network
+// namespace are.
+const procNetstat = "/proc/net/netstat"
+
+// poolMetric is one per-pool family: its description and how to read it
+// from a snapshot.
+type poolMetric struct {
+	desc      *prometheus.Desc
+	valueType prometheus.ValueType
+	value     func(*pooler.PoolStats) float64
+}
+
+// Collector is a prometheus.Collector over the pooler: pool figures, the
+// client count and the kernel's accept-queue figures, all read from their
+// source when scraped. Nothing is kept between scrapes, so an idle
+// endpoint costs nothing.
+type Collector struct {
+	source      Source
+	log         *zap.Logger
+	netstatPath string
+
+	pool         []poolMetric
+	checkoutWait *prometheus.Desc
+	clients      *prometheus.Desc
+
+	queueLength, queueCapacity *prometheus.Desc
+	overflows, drops           *prometheus.Desc
+
+	// Unreadable kernel figures are left out of the scrape and logged the
+	// first time only, so a kernel without them does not fill the log.
+	tcpInfoWarned, netstatWarned atomic.Bool
+}
+
+// NewCollector returns a collector over source whose metric names are
+// prefixed by namespace (verbatim, as NewLoginRecorder). log may be nil.
+func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	poolLabels := []string{"user", "database"}
+	desc := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(namespace+name, help, poolLabels, nil)
+	}
+	gauge := func(name, help string, value func(*pooler.PoolStats) float64) poolMetric {
+		return poolMetric{desc(name, help), prometheus.GaugeValue, value}
+	}
+	// PgDog's names are kept, so dashboards written for PgDog work. Its
+	// cumulative total_* figures (and sv_total, a current count) are
+	// exposed untyped: promtool check metrics rejects a counter whose name
+	// does not end in _total, any typed family ending in _count, and a
+	// gauge ending in _total, but applies none of these rules to untyped
+	// families. rate() and increase() work on them as on counters. See
+	// docs/metrics.md.
+	untyped := func(name, help string, value func(*pooler.PoolStats) float64) poolMetric {
+		return poolMetric{desc(name, help), prometheus.UntypedValue, value}
+	}
+	c := &Collector{
+		source:      source,
+		log:         log,
+		netstatPath: procNetstat,
+		pool: []poolMetric{
+			gauge("cl_active", "Clients linked to a server connection.",
+				func(s *pooler.PoolStats) float64 { return float64(s.ClientsActive) }),
+			gauge("cl_waiting", "Clients waiting for a server connection.",
+				func(s *pooler.PoolStats) float64 { return float64(s.ClientsWaiting) }),
+			gauge("sv_active", "Server connections linked to a client whose statement or transaction is in progress.",
+				func(s *pooler.PoolStats) float64 { return float64(s.ServersActive) }),
+			gauge("sv_idle", "Server connections idle in the pool, ready to be taken.",
+				func(s *pooler.PoolStats) float64 { return float64(s.ServersIdle) }),
+			gauge("sv_idle_xact", "Server connections linked to a client that is idle inside a transaction.",
+				func(s *pooler.PoolStats) float64 { return float64(s.ServersIdleInTransaction) }),
+			untyped("sv_total", "Server connections open or being opened (a current count, not a counter).",
+				func(s *pooler.PoolStats) float64 { return float64(s.ServersTotal) }),
+			gauge("maxwait", "How long the oldest client waiting for a server connection has waited, in seconds (0 when none waits).",
+				func(s *pooler.PoolStats) float64 { return s.MaxWait.Seconds() }),
+			untyped("total_xact_count", "Transactions completed (the server connection went back to idle); cumulative.",
+				func(s *pooler.PoolStats) float64 { return float64(s.Transactions) }),
+			untyped("total_query_count", "Requests answered (simple Query, extended-protocol Sync, FunctionCall); cumulative.",
+				func(s *pooler.PoolStats) float64 { return float64(s.Queries) }),
+			untyped("total_received", "Bytes received from clients; cumulative.",
+				func(s *pooler.PoolStats) float64 { return float64(s.BytesReceived) }),
+			untyped("total_sent", "Bytes sent to clients; cumulative.",
+				func(s *pooler.PoolStats) float64 { return float64(s.BytesSent) }),
+			untyped("total_wait_time", "Time clients spent waiting for a server connection, in seconds; cumulative.",
+				func(s *pooler.PoolStats) float64 { return s.WaitTime.Seconds() }),
+			untyped("total_server_connections", "Server connections opened; cumulative.",
+				func(s *pooler.PoolStats) float64 { return float64(s.ServerConnections) }),
+			{desc("checkout_timeouts_total", "Clients that gave up waiting for a server connection after checkout_timeout."),
+				prometheus.CounterValue, func(s *pooler.PoolStats) float64 { return float64(s.CheckoutTimeouts) }},
+		},
+		checkoutWait: desc("checkout_wait_seconds",
+			"Time a client waited for a server connection, per checkout (a connection taken at once falls in the first bucket)."),
+		clients: prometheus.NewDesc(namespace+"clients", "Client connections open, logged in or not.", nil, nil),
+
+		queueLength: prometheus.NewDesc(namespace+"listen_queue_length",
+			"Connections in a listening socket's accept queue: handshake completed, not yet accepted by pgtender (TCP_INFO tcpi_unacked). "+
+				"The kernel queues one more than the capacity before it overflows.",
+			[]string{"worker", "address"}, nil),
+		queueCapacity: prometheus.NewDesc(namespace+"listen_queue_capacity",
+			"Capacity of a listening socket's accept queue: listen_backlog as capped by net.core.somaxconn (TCP_INFO tcpi_sacked).",
+			[]string{"worker", "address"}, nil),
+		overflows: prometheus.NewDesc(namespace+"listen_overflows_total",
+			"Times a listening socket's accept queue was full when a connection arrived (TcpExt ListenOverflows). "+
+				"Counted for the whole network namespace, every process's listening sockets, not pgtender's alone.",
+			nil, nil),
+		drops: prometheus.NewDesc(namespace+"listen_drops_total",
+			"Connection attempts dropped by listening sockets, overflows included (TcpExt ListenDrops). "+
+				"Counted for the whole network namespace, every process's listening sockets, not pgtender's alone.",
+			nil, nil),
+	}
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, m := range c.pool {
+		ch <- m.desc
+	}
+	ch <- c.checkoutWait
+	ch <- c.clients
+	ch <- c.queueLength
+	ch <- c.queueCapacity
+	ch <- c.overflows
+	ch <- c.drops
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.clients, prometheus.GaugeValue, float64(c.source.ClientCount()))
+	c.collectPools(ch)
+	c.collectListenQueues(ch)
+	c.collectNetstat(ch)
+}
+
+func (c *Collector) collectPools(ch chan<- prometheus.Metric) {
+	for _, stats := range c.source.PoolStats() {
+		for _, m := range c.pool {
+			ch <- prometheus.MustNewConstMetric(m.desc, m.valueType, m.value(&stats), stats.User, stats.Database)
+		}
+		wait := stats.CheckoutWait
+		buckets := make(map[float64]uint64, len(wait.Bounds))
+		for i, bound := range wait.Bounds {
+			if i < len(wait.Cumulative) {
+				buckets[bound] = wait.Cumulative[i]
+			}
+		}
+		ch <- prometheus.MustNewConstHistogram(c.checkoutWait, wait.Count, wait.SumSeconds, buckets, stats.User, stats.Database)
+	}
+}
