@@ -71,9 +71,10 @@ func runMain(m *testing.M) int {
 
 // poolerOptions describe one pgtender instance for a test.
 type poolerOptions struct {
-	general string // extra [general] lines
-	pool    string // extra [[databases]] lines
-	users   string // users.toml contents
+	recorder pooler.LoginRecorder // nil: the pooler's no-op
+	general  string               // extra [general] lines
+	pool     string               // extra [[databases]] lines
+	users    string               // users.toml contents
 }
 
 // testPooler is an in-process pgtender in front of the shared cluster.
@@ -86,7 +87,7 @@ type testPooler struct {
 // startPooler writes pgdog.toml and users.toml for opts, loads them with
 // config.Load (so the real decoding is exercised) and starts a pooler on a
 // free loopback port; it is shut down at the end of the test.
-func startPooler(t *testing.T, opts poolerOptions) *testPooler {
+func startPooler(t testing.TB, opts poolerOptions) *testPooler {
 	t.Helper()
 	dir := t.TempDir()
 	main := fmt.Sprintf(`[general]
@@ -120,7 +121,7 @@ port = %d
 	}
 	logs := &syncBuffer{}
 	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(logs), zap.DebugLevel))
-	p, err := pooler.New(cfg, log, nil)
+	p, err := pooler.New(cfg, log, opts.recorder)
 	if err != nil {
 		t.Fatal(err)
 	}
