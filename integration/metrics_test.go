@@ -208,14 +208,21 @@ func TestLoginReconciliation(t *testing.T) {
 	}
 
 	var after map[string]*dto.MetricFamily
-	eventually(t, 10*time.Second, "logins in flight to return to 0", func() bool {
-		after = scrape(t, url)
-		return mustSample(t, after, namespace+"logins_in_flight", nil) == 0
-	})
 	delta := func(name string, labels map[string]string) float64 {
 		v0, _ := sample(before, name, labels)
 		return mustSample(t, after, name, labels) - v0
 	}
+	// Wait until every login has been seen (a connection may still sit in
+	// the accept queue when the client is done) and none is in flight;
+	// then the counts must be exact.
+	eventually(t, 10*time.Second, "every login to be counted and none in flight", func() bool {
+		after = scrape(t, url)
+		seen := delta(namespace+"logins_total", map[string]string{"result": "ok"})
+		for _, stage := range []string{"startup", "auth", "ready"} {
+			seen += delta(namespace+"logins_abandoned_total", map[string]string{"stage": stage})
+		}
+		return seen >= complete+3*abandoned && mustSample(t, after, namespace+"logins_in_flight", nil) == 0
+	})
 	if got := delta(namespace+"logins_total", map[string]string{"result": "ok"}); got != complete {
 		t.Errorf("logins_total{result=ok} moved by %v, want %d", got, complete)
 	}
@@ -285,27 +292,33 @@ func TestListenOverflowIncident(t *testing.T) {
 	stopped = false
 	t.Logf("client outcomes while the accept loop was held: %v", outcomes)
 
+	// The connections the kernel queued reach pgtender once it runs again;
+	// their clients are gone, so each is an abandoned login. Wait for them
+	// (in flight alone is 0 before the first of them is accepted, too).
 	var after map[string]*dto.MetricFamily
-	eventually(t, 15*time.Second, "logins in flight to return to 0", func() bool {
-		after = scrape(t, url)
-		return mustSample(t, after, namespace+"logins_in_flight", nil) == 0
-	})
-	overflows := mustSample(t, after, namespace+"listen_overflows_total", nil) - overflowsBefore
 	var abandonedTotal float64
 	byStage := map[string]float64{}
-	for _, stage := range []string{"startup", "auth", "ready"} {
-		v0, _ := sample(before, namespace+"logins_abandoned_total", map[string]string{"stage": stage})
-		v := mustSample(t, after, namespace+"logins_abandoned_total", map[string]string{"stage": stage}) - v0
-		byStage[stage] = v
-		abandonedTotal += v
+	abandonedSince := func() float64 {
+		total := 0.0
+		for _, stage := range []string{"startup", "auth", "ready"} {
+			v0, _ := sample(before, namespace+"logins_abandoned_total", map[string]string{"stage": stage})
+			v := mustSample(t, after, namespace+"logins_abandoned_total", map[string]string{"stage": stage}) - v0
+			byStage[stage] = v
+			total += v
+		}
+		return total
 	}
+	eventually(t, 15*time.Second, "the queued logins to be counted as abandoned and none left in flight", func() bool {
+		after = scrape(t, url)
+		abandonedTotal = abandonedSince()
+		return abandonedTotal > 0 && mustSample(t, after, namespace+"logins_in_flight", nil) == 0
+	})
+	overflows := mustSample(t, after, namespace+"listen_overflows_total", nil) - overflowsBefore
 	t.Logf("listen_overflows_total +%v, logins_abandoned_total by stage %v", overflows, byStage)
 	if overflows <= 0 {
 		t.Errorf("listen_overflows_total did not rise although %d clients hit a backlog of 8", clients)
 	}
-	if abandonedTotal <= 0 {
-		t.Errorf("no abandoned login counted although every client gave up")
-	}
+
 }
 
 // waveClient is one client of the incident wave; it returns what it saw.

@@ -1,0 +1,1 @@
+"""The one-model Django app django_check.py runs its ORM requests against."""
