@@ -89,15 +89,19 @@ def main():
 
     print("check: django %s, psycopg2 %s" % (django.get_version(), psycopg2.__version__))
     created = []
-    connection_created.connect(lambda sender, connection, **kw: created.append(connection.connection.get_backend_pid()))
+    connection_created.connect(lambda sender, connection, **kw: created.append(connection.connection.get_backend_pid()), weak=False)
+
+    # The TimeZone the server reports at login, before Django changes it.
+    plain = psycopg2.connect(sys.argv[1])
+    server_tz = plain.info.parameter_status("TimeZone")
+    plain.close()
+    print("observe: startup_parameter_status_TimeZone=%s" % server_tz)
 
     # Setup outside the counted requests: the table, with no migrations.
     with connection.cursor() as c:
         c.execute("DROP TABLE IF EXISTS " + Item._meta.db_table)
     with connection.schema_editor() as editor:
         editor.create_model(Item)
-    server_tz = connection.connection.get_parameter_status("TimeZone")
-    print("observe: startup_parameter_status_TimeZone=%s" % server_tz)
     connection.close()
     created.clear()
 

@@ -1,7 +1,10 @@
 'use strict';
 // node-postgres client for pgtender's integration tests.
 //
-// Usage: node node_pg_check.js DSN
+// Usage: node node_pg_check.js DSN [MAX_BACKENDS]
+//
+// With MAX_BACKENDS, the pool's 10 clients must have been served by at most
+// that many Postgres backends (a pooler's pool size).
 //
 // pg sends parameterized queries with the extended protocol and an unnamed
 // statement (Parse/Bind/Describe/Execute/Sync). This script runs such queries,
@@ -12,18 +15,21 @@
 // (docs/pooling.md), and prints "observe:" lines the Go test compares with a
 // run straight against Postgres.
 //
-// Every line starts with "check:", "observe:", "error:" or is the final
-// summary "node-postgres: N queries, E errors". Exits 1 if E > 0.
+// Every line starts with "check:", "observe:", "info:", "error:" or is the
+// final summary "node-postgres: 500 pooled queries, N in all, E errors".
+// Exits 1 if E > 0.
 
 const pg = require('pg');
 const assert = require('assert');
 
 const dsn = process.argv[2];
+const maxBackends = process.argv[3] ? Number(process.argv[3]) : 0;
 if (!dsn) {
   console.error('usage: node node_pg_check.js DSN');
   process.exit(2);
 }
 const TABLE = 'clients_node_pg';
+const POOLED = 500;
 const ODD = "o'reilly \\ \"quoted\" ünïcode $1 ;--";
 
 let queries = 0;
@@ -105,7 +111,7 @@ async function singleClient() {
 
 async function pooled() {
   const pool = new pg.Pool({ connectionString: dsn, max: 10 });
-  const total = 500;
+  const total = POOLED;
   const pids = new Set();
   let done = 0;
   try {
@@ -127,6 +133,10 @@ async function pooled() {
     assert.strictEqual(done, total);
     console.log(`check: pg.Pool of 10 clients ran ${total} parameterized queries, every answer matched its query`);
     console.log(`info: distinct server backends used by the pool: ${pids.size}`);
+    if (maxBackends) {
+      assert.ok(pids.size >= 1 && pids.size <= maxBackends, `the pool used ${pids.size} server backends, want 1..${maxBackends}`);
+      console.log(`check: the 10 pool clients were served by ${pids.size} server backends (at most ${maxBackends})`);
+    }
   } finally {
     await pool.end();
   }
@@ -181,7 +191,7 @@ async function main() {
   } catch (err) {
     fail('cleanup', err);
   }
-  console.log(`node-postgres: ${queries} queries, ${errors} errors`);
+  console.log(`node-postgres: ${POOLED} pooled queries, ${queries} in all, ${errors} errors`);
   process.exit(errors ? 1 : 0);
 }
 

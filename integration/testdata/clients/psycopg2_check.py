@@ -26,6 +26,10 @@ import psycopg2.errorcodes
 import psycopg2.extensions
 
 TABLE = "clients_psycopg2"
+PARAMETER_STATUS = ("server_version", "server_encoding", "client_encoding", "application_name",
+                    "is_superuser", "session_authorization", "DateStyle", "IntervalStyle", "TimeZone",
+                    "integer_datetimes", "standard_conforming_strings", "default_transaction_read_only",
+                    "in_hot_standby", "scram_iterations")
 ODD_TEXT = "o'reilly \\ \"quoted\" ünïcode %s $1 ;--"
 
 
@@ -142,16 +146,16 @@ def main():
     cur.execute("DROP TABLE IF EXISTS " + TABLE)
     cur.execute("CREATE TABLE " + TABLE + " (n int, note text)")
     default_tz = one(cur, "SHOW TimeZone")[0]
-    print("observe: startup_parameter_status_TimeZone=%s" % setup.info.parameter_status("TimeZone"))
-    print("observe: startup_parameter_status_client_encoding=%s" % setup.info.parameter_status("client_encoding"))
-    print("observe: startup_parameter_status_DateStyle=%s" % setup.info.parameter_status("DateStyle"))
-    print("observe: startup_parameter_status_standard_conforming_strings=%s" % setup.info.parameter_status("standard_conforming_strings"))
+    # The ParameterStatus set a client gets at login (those Postgres reports).
+    for name in PARAMETER_STATUS:
+        print("observe: startup_parameter_status_%s=%s" % (name, setup.info.parameter_status(name)))
     setup.close()
 
     # application_name from the DSN is a startup parameter.
     conn = psycopg2.connect(dsn, application_name="psycopg2-check")
     conn.autocommit = True
     print("observe: startup_application_name=%s" % one(conn.cursor(), "SHOW application_name")[0])
+    print("observe: startup_application_name_parameter_status=%s" % conn.info.parameter_status("application_name"))
     conn.close()
 
     errors = 0
