@@ -36,25 +36,8 @@ const clientsPoolSize = 4
 // must not rely on yet"). When one of them stops differing the test says so,
 // so that this list and the docs get updated.
 var knownClientDifferences = map[string]string{
-	// SET outside a transaction stays on the server connection that ran it:
-	// the client loses it as soon as it is given another server connection,
-	// and the next client given that connection inherits it.
-	"psycopg2/autocommit_set_timezone_seen_by_same_client":  "session-level SET does not follow the client (parameter tracking is planned)",
-	"psycopg2/autocommit_set_timezone_seen_by_other_client": "session-level SET leaks to the next client of that server connection (no reset in transaction mode)",
-	// Django SETs TIME ZONE at connect, in autocommit mode.
-	"django/other_client_timezone":                                "Django's connect-time SET TIME ZONE leaks to the next client of that server connection",
-	"django/django_session_timezone":                              "Django's connect-time SET TIME ZONE is lost when the request's next query gets another server connection",
-	"django/naive_2024-01-01T12:00_in_Asia/Kolkata_stored_as_utc": "with the SET lost, Django's naive datetimes are stored in the server's time zone, not TIME_ZONE",
-	// The server connection Django's SET ran on already had Asia/Kolkata,
-	// leaked from an earlier request, so Postgres reported no change and the
-	// client still believes the TimeZone it was given at login.
-	"django/django_client_parameter_status_TimeZone": "ParameterStatus after Django's SET is stale: the server connection already had the leaked setting",
 	// Named prepared statements live on one server connection.
 	"node-postgres/named_statement_reused_after_other_client_took_its_server": "named statements are not renamed and re-prepared yet",
-	// Startup parameters other than user and database are not sent on.
-	"psycopg2/startup_application_name":                  "client startup parameters (application_name) are not applied to server connections",
-	"psycopg2/startup_application_name_parameter_status": "client startup parameters are not applied, and the login ParameterStatus is the pool's",
-	"node-postgres/startup_application_name":             "client startup parameters (application_name) are not applied to server connections",
 }
 
 // TestClientsPsycopg2 runs Debian's psycopg2 connection-per-request, as a

@@ -199,6 +199,12 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 			s.pooler.log.Info("checkout failed", s.logFields(zap.Error(err))...)
 			return s.answerWithoutServer(s.checkoutError(err))
 		}
+		if err := s.applyClientValues(sc); err != nil {
+			s.pooler.log.Warn("could not set a client's parameters on a server connection", s.logFields(zap.Error(err))...)
+			sc.pool.Discard(sc)
+			return s.answerWithoutServer(&clientError{severity: wire.SeverityError, code: sqlstateConnectionFailure,
+				message: "could not prepare a server connection for this client", err: err})
+		}
 		s.mu.Lock()
 		if s.closing || s.ended || s.pooler.draining.Load() {
 			s.mu.Unlock()
@@ -256,6 +262,31 @@ func (s *session) acquire() (*ServerConn, error) {
 		sc, err = pool.Acquire(ctx)
 	}
 	return sc, err
+}
+
+// applyClientValues sets the client's tracked parameters on a server
+// connection it is about to be linked to, where they differ: one round trip
+// when they do, none when they agree (the usual case in a fleet).
+func (s *session) applyClientValues(sc *ServerConn) error {
+	s.mu.Lock()
+	statements := setStatements(s.clientValues, sc.values)
+	s.mu.Unlock()
+	if statements == "" {
+		return nil
+	}
+	if err := sc.exec(statements, sc.pool.settings.Load().rollbackTimeout); err != nil {
+		return err
+	}
+	// Postgres reports values in canonical form ("UTF8" for "utf8"): take
+	// them, so the same client does not set them again on the next link.
+	s.mu.Lock()
+	for name := range s.clientValues {
+		if value, ok := sc.values[name]; ok && value != unknownValue {
+			s.clientValues[name] = value
+		}
+	}
+	s.mu.Unlock()
+	return nil
 }
 
 // link makes sc the session's server connection and starts the goroutine
@@ -386,6 +417,14 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 				break
 			}
 			switch msg.Type {
+			case wire.MsgParameterStatus:
+				// The client changed a setting (SET, RESET, the end of a
+				// transaction with SET LOCAL): it is now the client's.
+				if name, value := sc.noteParameterStatus(msg); name != "" {
+					s.mu.Lock()
+					s.clientValues[name] = value
+					s.mu.Unlock()
+				}
 			case wire.MsgReadyForQuery:
 				if len(msg.Body) == 1 {
 					readies++

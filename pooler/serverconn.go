@@ -34,10 +34,11 @@ type ServerConn struct {
 	buf     []byte       // read buffer, owned by this connection for its life
 	scanner wire.Scanner // message boundaries of what the server sent
 
-	processID uint32 // Postgres backend pid, for cancel requests
-	secretKey []byte // cancel secret of that backend
-	address   string // host:port the connection was opened to, for cancel requests
-	params    map[string]string
+	processID uint32            // Postgres backend pid, for cancel requests
+	secretKey []byte            // cancel secret of that backend
+	address   string            // host:port the connection was opened to, for cancel requests
+	params    map[string]string // ParameterStatus set at connect, for client logins
+	values    parameterValues   // current values of the tracked parameters
 
 	pool      *Pool
 	createdAt time.Time
@@ -65,8 +66,31 @@ func inspectServerMessage(typ byte) int {
 		return 1
 	case wire.MsgErrorResponse:
 		return 256
+	case wire.MsgParameterStatus:
+		return inspectParameterStatus
 	}
 	return 0
+}
+
+// noteParameterStatus records a ParameterStatus the server sent, and
+// returns the tracked parameter and value it reported ("" when it is not
+// tracked).
+func (sc *ServerConn) noteParameterStatus(msg wire.Message) (name, value string) {
+	reported, value, ok := parseParameterStatus(msg.Body, msg.Length)
+	if !ok {
+		// Too long to read: whatever it was, the next client sets its own.
+		// (Every tracked value fits; this is a defence, not a path.)
+		for _, tracked := range trackedParameters {
+			sc.values[tracked] = unknownValue
+		}
+		return "", ""
+	}
+	name = trackedParameter(reported)
+	if name == "" {
+		return "", ""
+	}
+	sc.values[name] = value
+	return name, value
 }
 
 // copyFailedByClient reports whether an ErrorResponse body (or its first
@@ -166,6 +190,12 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint) (*ServerConn, 
 		createdAt: now,
 		idleSince: now,
 	}
+	sc.values = make(parameterValues, len(trackedParameters))
+	for name, value := range sc.params {
+		if tracked := trackedParameter(name); tracked != "" {
+			sc.values[tracked] = value
+		}
+	}
 	sc.scanner.Inspect = inspectServerMessage
 	return sc, nil
 }
@@ -249,8 +279,9 @@ func peekConn(conn net.Conn) peekResult {
 }
 
 // exec runs one simple-protocol statement that returns no rows the caller
-// needs (ROLLBACK, DISCARD ALL) and waits for its ReadyForQuery, within
-// timeout. It fails unless the statement succeeded and the connection ends
+// needs (ROLLBACK, DISCARD ALL, SET) and waits for its ReadyForQuery, within
+// timeout. The ParameterStatus messages it causes update sc.values and go
+// no further. It fails unless the statement succeeded and the connection ends
 // outside any transaction.
 func (sc *ServerConn) exec(sql string, timeout time.Duration) error {
 	if !sc.scanner.AtBoundary() {
@@ -279,6 +310,8 @@ func (sc *ServerConn) exec(sql string, timeout time.Duration) error {
 				break
 			}
 			switch msg.Type {
+			case wire.MsgParameterStatus:
+				sc.noteParameterStatus(msg)
 			case wire.MsgErrorResponse:
 				failed = true
 			case wire.MsgReadyForQuery:

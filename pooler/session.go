@@ -135,6 +135,9 @@ type session struct {
 	copyIgnoredSyncs int
 	ended            bool // ended by shutdown
 	mode             config.PoolerMode
+	// clientValues are the client's tracked parameters (params.go): what
+	// its server connection must carry while linked.
+	clientValues parameterValues
 
 	bytesReceived atomic.Int64
 	bytesSent     atomic.Int64
@@ -372,9 +375,30 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	if err != nil {
 		return s.checkoutError(err)
 	}
+	// The client's tracked parameters: the server's defaults, then what
+	// its startup packet asked for. It is told its own values, as Postgres
+	// would tell it.
+	values := make(parameterValues, len(trackedParameters))
+	for _, param := range params {
+		if tracked := trackedParameter(param.name); tracked != "" {
+			values[tracked] = param.value
+		}
+	}
+	for _, param := range startup.Parameters {
+		if tracked := trackedParameter(param.Name); tracked != "" {
+			values[tracked] = param.Value
+		}
+	}
+	s.mu.Lock()
+	s.clientValues = values
+	s.mu.Unlock()
 	reply := wire.AppendAuthenticationOk(s.localReplies[:0])
 	for _, param := range params {
-		reply = wire.AppendParameterStatus(reply, param.name, param.value)
+		value := param.value
+		if tracked := trackedParameter(param.name); tracked != "" {
+			value = values[tracked]
+		}
+		reply = wire.AppendParameterStatus(reply, param.name, value)
 	}
 	reply = wire.AppendBackendKeyData(reply, s.processID, s.secret)
 	reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
