@@ -136,6 +136,11 @@ type General struct {
 
 	MaxClientConnections int `toml:"max_client_connections"` // extension, default 0 = limited only by file descriptors
 
+	// Login admission control (extensions; docs/configuration.md).
+	MaxLoginsInProgress int          `toml:"max_logins_in_progress" restart:"true"` // 0 = 128 per GOMAXPROCS
+	LoginQueueTarget    Milliseconds `toml:"login_queue_target"`                    // default 50
+	LoginQueueMaxAge    Milliseconds `toml:"login_queue_max_age"`                   // default 2000; 0 = no age limit
+
 	OpenMetricsPort      int    `toml:"openmetrics_port" restart:"true"`      // 0 = no metrics endpoint
 	OpenMetricsHost      string `toml:"openmetrics_host" restart:"true"`      // default "0.0.0.0"
 	OpenMetricsNamespace string `toml:"openmetrics_namespace" restart:"true"` // default ""
@@ -215,6 +220,8 @@ func Defaults() Config {
 			ShutdownTimeout:             60000,
 			RollbackTimeout:             5000,
 			PassthroughReverifyInterval: 60000,
+			LoginQueueTarget:            50,
+			LoginQueueMaxAge:            2000,
 			OpenMetricsHost:             "0.0.0.0",
 			TLSVerify:                   TLSVerifyPrefer,
 			PreparedStatements:          "disabled",

@@ -36,6 +36,9 @@ func TestDefaults(t *testing.T) {
 		{"rollback_timeout", g.RollbackTimeout, Milliseconds(5000)},
 		{"passthrough_reverify_interval", g.PassthroughReverifyInterval, Milliseconds(60000)},
 		{"max_client_connections", g.MaxClientConnections, 0},
+		{"max_logins_in_progress", g.MaxLoginsInProgress, 0},
+		{"login_queue_target", int(g.LoginQueueTarget), 50},
+		{"login_queue_max_age", int(g.LoginQueueMaxAge), 2000},
 		{"openmetrics_port", g.OpenMetricsPort, 0},
 		{"openmetrics_host", g.OpenMetricsHost, "0.0.0.0"},
 		{"openmetrics_namespace", g.OpenMetricsNamespace, ""},
@@ -101,6 +104,9 @@ shutdown_timeout = 8
 rollback_timeout = 9
 passthrough_reverify_interval = 60000
 max_client_connections = 11
+max_logins_in_progress = 12
+login_queue_target = 13
+login_queue_max_age = 14
 openmetrics_port = 0
 openmetrics_host = "127.0.0.2"
 openmetrics_namespace = "pgtender_"
@@ -156,7 +162,8 @@ server_password = "alice_srvpw"
 		ConnectTimeout: 1, CheckoutTimeout: 2, ClientLoginTimeout: 3,
 		IdleTimeout: 6, ServerLifetime: 7,
 		ShutdownTimeout: 8, RollbackTimeout: 9, PassthroughReverifyInterval: 60000,
-		MaxClientConnections: 11, OpenMetricsHost: "127.0.0.2",
+		MaxClientConnections: 11, MaxLoginsInProgress: 12, LoginQueueTarget: 13, LoginQueueMaxAge: 14,
+		OpenMetricsHost:      "127.0.0.2",
 		OpenMetricsNamespace: "pgtender_",
 		TLSVerify:            TLSVerifyVerifyFull,
 		PreparedStatements:   "disabled", LogLevel: "debug", LogFormat: "json",
@@ -168,7 +175,7 @@ server_password = "alice_srvpw"
 		t.Errorf("admin = %+v, want %+v", c.Admin, want)
 	}
 	wantDB := Database{Name: "app", Host: "db.internal", Port: 5433, DatabaseName: "app_prod",
-		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 43}
+		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 46}
 	if len(c.Databases) != 1 || c.Databases[0] != wantDB {
 		t.Errorf("databases = %+v, want [%+v]", c.Databases, wantDB)
 	}

@@ -43,6 +43,7 @@ func (l *loader) validateGeneral(g *General) {
 		l.problem(src, "general.min_pool_size", "%d is larger than default_pool_size (%d)", g.MinPoolSize, g.DefaultPoolSize)
 	}
 	l.atLeast(src, "general.max_client_connections", g.MaxClientConnections, 0)
+	l.atLeast(src, "general.max_logins_in_progress", g.MaxLoginsInProgress, 0)
 	l.between(src, "general.openmetrics_port", g.OpenMetricsPort, 0, 65535)
 	l.between(src, "general.healthcheck_port", g.HealthcheckPort, 0, 65535)
 	if g.OpenMetricsNamespace != "" && !metricNamespace.MatchString(g.OpenMetricsNamespace) {
@@ -74,6 +75,8 @@ func (l *loader) validateGeneral(g *General) {
 		{"server_lifetime", g.ServerLifetime, 0},
 		{"shutdown_timeout", g.ShutdownTimeout, 0},
 		{"passthrough_reverify_interval", g.PassthroughReverifyInterval, 0},
+		{"login_queue_target", g.LoginQueueTarget, 1},
+		{"login_queue_max_age", g.LoginQueueMaxAge, 0},
 	} {
 		l.milliseconds(src, "general."+t.key, t.v, t.min)
 	}

@@ -314,7 +314,9 @@ func TestListenOverflowIncident(t *testing.T) {
 		return abandonedTotal > 0 && mustSample(t, after, namespace+"logins_in_flight", nil) == 0
 	})
 	overflows := mustSample(t, after, namespace+"listen_overflows_total", nil) - overflowsBefore
-	t.Logf("listen_overflows_total +%v, logins_abandoned_total by stage %v", overflows, byStage)
+	shed0, _ := sample(before, namespace+"logins_total", map[string]string{"result": "shed"})
+	shed := mustSample(t, after, namespace+"logins_total", map[string]string{"result": "shed"}) - shed0
+	t.Logf("listen_overflows_total +%v, logins_abandoned_total by stage %v, logins_total{result=shed} +%v", overflows, byStage, shed)
 	if overflows <= 0 {
 		t.Errorf("listen_overflows_total did not rise although %d clients hit a backlog of 8", clients)
 	}

@@ -97,13 +97,29 @@ func readSomaxconn() (int, error) {
 }
 
 // acceptLoop accepts connections on one worker's socket and starts a
-// session goroutine for each. It never waits on a client.
+// session goroutine for each, under login admission control (admission.go).
+// It never waits on a client.
 func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
 	defer p.wg.Done()
 	backoff := time.Duration(0)
+	shedding := false // no slot freed within login_queue_target: refuse until one does
 	for {
+		general := p.state.Load().cfg.General
+		haveSlot := false
+		if !shedding {
+			haveSlot = p.loginSlots.acquire(general.LoginQueueTarget.Duration(), p.done)
+			if !haveSlot {
+				if p.draining.Load() {
+					return
+				}
+				shedding = true
+			}
+		}
 		conn, err := l.AcceptTCP()
 		if err != nil {
+			if haveSlot {
+				p.loginSlots.release()
+			}
 			if p.draining.Load() || errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -121,6 +137,22 @@ func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
 			continue
 		}
 		backoff = 0
+		if !haveSlot {
+			if !p.loginSlots.tryAcquire() {
+				p.wg.Add(1)
+				go p.shed(conn, ShedNoLoginSlot)
+				continue
+			}
+			shedding = false // a slot is free again
+		}
+		if maxAge := general.LoginQueueMaxAge.Duration(); maxAge > 0 {
+			if age, ok := acceptQueueAge(conn); ok && age > maxAge {
+				p.loginSlots.release()
+				p.wg.Add(1)
+				go p.shed(conn, ShedQueueAge)
+				continue
+			}
+		}
 		p.wg.Add(1)
 		go p.serveConn(conn)
 	}

@@ -45,8 +45,10 @@ type Pooler struct {
 	sessionsMu sync.Mutex
 	sessions   map[uint32]*session // every session, by its BackendKeyData process id
 
-	listeners        []*net.TCPListener
-	connectSlots     chan struct{} // semaphore of maxConcurrentServerConnects
+	listeners    []*net.TCPListener
+	connectSlots chan struct{} // semaphore of maxConcurrentServerConnects
+	loginSlots   loginSlots    // login admission control (admission.go)
+
 	nextProcessID    atomic.Uint32
 	clientCount      atomic.Int64
 	draining         atomic.Bool
@@ -90,6 +92,7 @@ func New(cfg *config.Config, log *zap.Logger, recorder LoginRecorder) (*Pooler, 
 		connectSlots:   make(chan struct{}, maxConcurrentServerConnects),
 		done:           make(chan struct{}),
 	}
+	p.loginSlots = newLoginSlots(cfg.General.MaxLoginsInProgress)
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.state.Store(state)
 	return p, nil

@@ -176,10 +176,14 @@ func (s *session) serve() {
 		clientBufferPool.Put(s.bufRef)
 	}()
 	s.setState(stateStartup)
-	if err := s.login(); err != nil {
+	err := func() error {
+		defer s.pooler.loginSlots.release() // taken by the accept loop (admission.go)
+		return s.login()
+	}()
+	if err != nil {
 		return
 	}
-	err := s.relay()
+	err = s.relay()
 	s.mu.Lock()
 	s.closing = true // from here on nothing links or releases; finish cleans up
 	s.mu.Unlock()
