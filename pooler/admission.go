@@ -74,24 +74,73 @@ func (s loginSlots) tryAcquire() bool {
 	}
 }
 
-// acquire waits up to target for a slot; it gives up early when done closes.
-func (s loginSlots) acquire(target time.Duration, done <-chan struct{}) bool {
-	if s.tryAcquire() {
-		return true
-	}
-	timer := time.NewTimer(target)
-	defer timer.Stop()
-	select {
-	case s <- struct{}{}:
-		return true
-	case <-timer.C:
-		return false
-	case <-done:
-		return false
-	}
+func (s loginSlots) release() { <-s }
+
+// admissionDecision is what admission control does with an accepted
+// connection.
+type admissionDecision int
+
+const (
+	admitLogin   admissionDecision = iota // serve it; it holds a slot
+	shedNoSlot                            // refuse: no slot freed within login_queue_target
+	shedQueueAge                          // refuse: it waited too long in the accept queue
+)
+
+// admissionPolicy is one accept loop's admission state: whether it is
+// shedding. Its clock is a seam for tests (real timers in production).
+// Not safe for concurrent use: each accept loop has its own, sharing slots.
+type admissionPolicy struct {
+	slots    loginSlots
+	newTimer func(time.Duration) (<-chan time.Time, func() bool)
+	shedding bool
 }
 
-func (s loginSlots) release() { <-s }
+func newAdmissionPolicy(slots loginSlots) *admissionPolicy {
+	return &admissionPolicy{slots: slots, newTimer: func(d time.Duration) (<-chan time.Time, func() bool) {
+		timer := time.NewTimer(d)
+		return timer.C, timer.Stop
+	}}
+}
+
+// beforeAccept is called before each accept. Unless shedding, it waits up
+// to target for a free slot and reports whether it took one; when none
+// frees in time (or done closes) the loop starts shedding.
+func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{}) (haveSlot bool) {
+	if a.shedding {
+		return false
+	}
+	if a.slots.tryAcquire() {
+		return true
+	}
+	expired, stop := a.newTimer(target)
+	defer stop()
+	select {
+	case a.slots <- struct{}{}:
+		return true
+	case <-expired:
+	case <-done:
+	}
+	a.shedding = true
+	return false
+}
+
+// afterAccept decides what to do with an accepted connection, given whether
+// beforeAccept took a slot for it and how long it waited in the accept
+// queue (ageKnown false where the kernel does not say). A connection that
+// is served holds a slot; a refused one does not.
+func (a *admissionPolicy) afterAccept(haveSlot bool, age time.Duration, ageKnown bool, maxAge time.Duration) admissionDecision {
+	if !haveSlot {
+		if !a.slots.tryAcquire() {
+			return shedNoSlot
+		}
+		a.shedding = false // a slot is free again
+	}
+	if maxAge > 0 && ageKnown && age > maxAge {
+		a.slots.release()
+		return shedQueueAge
+	}
+	return admitLogin
+}
 
 // acceptQueueAge is how long an accepted connection waited in the kernel's
 // accept queue: the time since its handshake's last ACK or its first data

@@ -102,18 +102,12 @@ func readSomaxconn() (int, error) {
 func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
 	defer p.wg.Done()
 	backoff := time.Duration(0)
-	shedding := false // no slot freed within login_queue_target: refuse until one does
+	admission := newAdmissionPolicy(p.loginSlots)
 	for {
 		general := p.state.Load().cfg.General
-		haveSlot := false
-		if !shedding {
-			haveSlot = p.loginSlots.acquire(general.LoginQueueTarget.Duration(), p.done)
-			if !haveSlot {
-				if p.draining.Load() {
-					return
-				}
-				shedding = true
-			}
+		haveSlot := admission.beforeAccept(general.LoginQueueTarget.Duration(), p.done)
+		if !haveSlot && p.draining.Load() {
+			return
 		}
 		conn, err := l.AcceptTCP()
 		if err != nil {
@@ -137,23 +131,22 @@ func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
 			continue
 		}
 		backoff = 0
-		if !haveSlot {
-			if !p.loginSlots.tryAcquire() {
-				p.wg.Add(1)
-				go p.shed(conn, ShedNoLoginSlot)
-				continue
-			}
-			shedding = false // a slot is free again
+		var age time.Duration
+		ageKnown := false
+		maxAge := general.LoginQueueMaxAge.Duration()
+		if maxAge > 0 {
+			age, ageKnown = acceptQueueAge(conn)
 		}
-		if maxAge := general.LoginQueueMaxAge.Duration(); maxAge > 0 {
-			if age, ok := acceptQueueAge(conn); ok && age > maxAge {
-				p.loginSlots.release()
-				p.wg.Add(1)
-				go p.shed(conn, ShedQueueAge)
-				continue
-			}
+		switch admission.afterAccept(haveSlot, age, ageKnown, maxAge) {
+		case shedNoSlot:
+			p.wg.Add(1)
+			go p.shed(conn, ShedNoLoginSlot)
+		case shedQueueAge:
+			p.wg.Add(1)
+			go p.shed(conn, ShedQueueAge)
+		default:
+			p.wg.Add(1)
+			go p.serveConn(conn)
 		}
-		p.wg.Add(1)
-		go p.serveConn(conn)
 	}
 }
