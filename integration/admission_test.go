@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -98,9 +99,7 @@ func TestAdmissionShedsWhenStalledLoginsHoldEverySlot(t *testing.T) {
 func TestAdmissionShedsConnectionsThatWaitedTooLong(t *testing.T) {
 	const clients = 3
 	pr := startProcessWith(t, processOptions{general: "login_queue_max_age = 300\nworkers = 1"})
-	if err := pr.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	pr.stop(t)
 	results := make(chan error, clients)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -113,8 +112,18 @@ func TestAdmissionShedsConnectionsThatWaitedTooLong(t *testing.T) {
 			results <- err
 		}()
 	}
-	// Let the queued connections age past login_queue_max_age. (This
-	// sleep makes the condition; nothing is asserted about its length.)
+	// Once all of them are in the accept queue, let them age past
+	// login_queue_max_age. (The sleep makes the condition; nothing is
+	// asserted about its length.)
+	_, port := splitAddr(t, pr.addr)
+	eventually(t, 10*time.Second, "the clients to wait in the accept queue", func() bool {
+		out, err := exec.Command("ss", "-ltnH", "sport = :"+port).Output()
+		if err != nil {
+			return false
+		}
+		fields := strings.Fields(string(out))
+		return len(fields) > 1 && fields[1] == fmt.Sprint(clients)
+	})
 	time.Sleep(time.Second)
 	if err := pr.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)

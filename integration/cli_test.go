@@ -400,3 +400,23 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// stop sends SIGSTOP and waits until the kernel reports the process
+// stopped: kill(2) returns before every thread of a busy process has
+// stopped, and a test that then connects could still be accepted.
+func (pr *process) stop(t *testing.T) {
+	t.Helper()
+	if err := pr.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	statPath := fmt.Sprintf("/proc/%d/stat", pr.cmd.Process.Pid)
+	eventually(t, 10*time.Second, "pgtender to be stopped", func() bool {
+		stat, err := os.ReadFile(statPath)
+		if err != nil {
+			return false
+		}
+		// The state follows the parenthesised command name.
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		return len(fields) > 0 && fields[0] == "T"
+	})
+}

@@ -263,9 +263,7 @@ func TestListenOverflowIncident(t *testing.T) {
 	}
 	overflowsBefore := mustSample(t, before, namespace+"listen_overflows_total", nil)
 
-	if err := pr.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	pr.stop(t)
 	stopped := true
 	defer func() {
 		if stopped {
