@@ -5,6 +5,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -41,6 +42,11 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("integration: every test here needs PostgreSQL; skipped with -short")
+		return 0
+	}
 	var err error
 	pg, err = testpg.Start(testpg.Options{})
 	if err != nil {
