@@ -5,7 +5,7 @@ GO ?= go
 # A fresh shell may not have Go on PATH yet; the official tarball installs here.
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: build run test test-short bench fmt clean
+.PHONY: build run test test-short bench bench-wave fmt clean
 
 build:
 	$(GO) build -o bin/pgtender ./cmd/pgtender
@@ -26,6 +26,10 @@ test-short:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# Reconnect waves under a cgroup CPU quota, pgtender vs PgBouncer (root; not part of make test).
+bench-wave:
+	deploy/bench/bench-wave.sh
 
 fmt:
 	$(GO) fmt ./...
