@@ -17,8 +17,10 @@ import (
 // A login holds one of a bounded number of login slots from accept to
 // ReadyForQuery (or its end). While every slot is taken, the accept loops
 // stop accepting, so new connections wait in the kernel's accept queue,
-// which costs pgtender nothing (overload.md measured this policy keeping
-// goodput at capacity at 3× overload where accepting everything collapsed).
+// which costs pgtender nothing. (overload.md measured this policy keeping a
+// no-backend Go login server at capacity under 3× overload where accepting
+// everything fell to 0.69×; pgtender's own figures, which do not yet reach
+// that, are in docs/PERFORMANCE.md "Reconnect waves".)
 // Two rules keep that wait short of a client's deadline:
 //
 //   - When no slot frees within login_queue_target, the accept loop starts

@@ -22,17 +22,16 @@ var (
 
 // SQLSTATE codes pgtender sends itself.
 const (
-	sqlstateProtocolViolation        = "08P01"
-	sqlstateConnectionFailure        = "08006"
-	sqlstateInvalidPassword          = "28P01"
-	sqlstateInvalidAuthorization     = "28000"
-	sqlstateInvalidCatalogName       = "3D000"
-	sqlstateTooManyConnections       = "53300"
-	sqlstateAdminShutdown            = "57P01"
-	sqlstateCannotConnectNow         = "57P03"
-	sqlstateFeatureNotSupported      = "0A000"
-	sqlstateInternalError            = "XX000"
-	sqlstateIdleInTransactionTimeout = "25P03"
+	sqlstateProtocolViolation    = "08P01"
+	sqlstateConnectionFailure    = "08006"
+	sqlstateInvalidPassword      = "28P01"
+	sqlstateInvalidAuthorization = "28000"
+	sqlstateInvalidCatalogName   = "3D000"
+	sqlstateTooManyConnections   = "53300"
+	sqlstateAdminShutdown        = "57P01"
+	sqlstateCannotConnectNow     = "57P03"
+	sqlstateFeatureNotSupported  = "0A000"
+	sqlstateInternalError        = "XX000"
 )
 
 // clientError is an error that is shown to the client: its SQLSTATE and

@@ -170,7 +170,7 @@ func (h *harness) pool() *Pool {
 	return pool
 }
 
-func (h *harness) stat() PoolStat { return h.pool().Stat() }
+func (h *harness) stat() poolSnapshot { return h.pool().snapshot() }
 
 // waitWaiting waits until n clients are waiting in the test pool.
 func (h *harness) waitWaiting(n int) {

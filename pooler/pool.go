@@ -79,15 +79,14 @@ type serverParameter struct{ name, value string }
 
 // poolStats are the pool's counters, read by metrics and the admin console.
 type poolStats struct {
-	checkoutTimeouts  atomic.Int64
-	serverConnects    atomic.Int64
-	serverConnectErrs atomic.Int64
-	waitNanos         atomic.Int64
-	transactions      atomic.Uint64
-	queries           atomic.Uint64
-	bytesReceived     atomic.Uint64
-	bytesSent         atomic.Uint64
-	checkoutWait      durationHistogram
+	checkoutTimeouts atomic.Int64
+	serverConnects   atomic.Int64
+	waitNanos        atomic.Int64
+	transactions     atomic.Uint64
+	queries          atomic.Uint64
+	bytesReceived    atomic.Uint64
+	bytesSent        atomic.Uint64
+	checkoutWait     durationHistogram
 }
 
 func newPool(key poolKey, settings poolSettings, connect func(ctx context.Context) (*ServerConn, error)) *Pool {
@@ -203,7 +202,6 @@ func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
 func (p *Pool) open(ctx context.Context) (*ServerConn, error) {
 	sc, err := p.connect(ctx)
 	if err != nil {
-		p.stats.serverConnectErrs.Add(1)
 		p.mu.Lock()
 		p.total--
 		p.handOffCapacityLocked()
@@ -428,8 +426,9 @@ func (p *Pool) close() {
 	}
 }
 
-// PoolStat is a snapshot of a pool's state.
-type PoolStat struct {
+// poolSnapshot is a pool's occupancy at one moment, for tests and logs;
+// Pooler.PoolStats is the full picture metrics and the admin console read.
+type poolSnapshot struct {
 	User, Database string
 	Mode           config.PoolerMode
 	Size           int
@@ -438,12 +437,12 @@ type PoolStat struct {
 	Waiting        int
 }
 
-// Stat returns a snapshot of the pool's state.
-func (p *Pool) Stat() PoolStat {
+// snapshot returns the pool's occupancy now.
+func (p *Pool) snapshot() poolSnapshot {
 	settings := p.settings.Load()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return PoolStat{
+	return poolSnapshot{
 		User: p.key.user, Database: p.key.database, Mode: settings.mode, Size: settings.size,
 		Idle: len(p.idle), Total: p.total, Waiting: len(p.waiters),
 	}

@@ -130,7 +130,7 @@ type acquired struct {
 // the pool's waiter list (the pool must be exhausted).
 func goAcquire(t testing.TB, pool *Pool, timeout time.Duration) <-chan acquired {
 	t.Helper()
-	before := pool.Stat().Waiting
+	before := pool.snapshot().Waiting
 	ch := make(chan acquired, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -138,7 +138,7 @@ func goAcquire(t testing.TB, pool *Pool, timeout time.Duration) <-chan acquired 
 		sc, err := pool.Acquire(ctx)
 		ch <- acquired{sc, err}
 	}()
-	waitFor(t, "the Acquire to wait in line", func() bool { return pool.Stat().Waiting == before+1 })
+	waitFor(t, "the Acquire to wait in line", func() bool { return pool.snapshot().Waiting == before+1 })
 	return ch
 }
 
@@ -169,7 +169,7 @@ func TestPoolWaitersServedFIFO(t *testing.T) {
 		held = got.sc
 	}
 	pool.Release(held)
-	if st := pool.Stat(); st.Idle != 1 || st.Total != 1 || st.Waiting != 0 {
+	if st := pool.snapshot(); st.Idle != 1 || st.Total != 1 || st.Waiting != 0 {
 		t.Errorf("pool %+v, want 1 idle of 1, no waiters", st)
 	}
 	if n := pc.opened.Load(); n != 1 {
@@ -184,7 +184,7 @@ func TestPoolReleaseHandsOverDirectly(t *testing.T) {
 	sc := mustAcquire(t, pool)
 	w := goAcquire(t, pool, waitTimeout)
 	pool.Release(sc)
-	if st := pool.Stat(); st.Idle != 0 || st.Waiting != 0 {
+	if st := pool.snapshot(); st.Idle != 0 || st.Waiting != 0 {
 		t.Errorf("pool %+v right after the hand-over, want nothing idle and nobody waiting", st)
 	}
 	got := recvWithin(t, w, "waiter")
@@ -209,7 +209,7 @@ func TestPoolAcquireTimesOut(t *testing.T) {
 	if elapsed := time.Since(start); elapsed < 50*time.Millisecond || elapsed > 5*time.Second {
 		t.Errorf("Acquire gave up after %v, want about 50ms", elapsed)
 	}
-	if st := pool.Stat(); st.Waiting != 0 || st.Total != 1 {
+	if st := pool.snapshot(); st.Waiting != 0 || st.Total != 1 {
 		t.Errorf("pool %+v after the timeout, want no waiters and 1 connection", st)
 	}
 	if n := pool.stats.checkoutTimeouts.Load(); n != 1 {
@@ -244,7 +244,7 @@ func TestPoolAcquireCanceledIsNotATimeout(t *testing.T) {
 		sc, err := pool.Acquire(ctx)
 		done <- acquired{sc, err}
 	}()
-	waitFor(t, "the Acquire to wait in line", func() bool { return pool.Stat().Waiting == 1 })
+	waitFor(t, "the Acquire to wait in line", func() bool { return pool.snapshot().Waiting == 1 })
 	cancel()
 	got := recvWithin(t, done, "the canceled Acquire")
 	if errors.Is(got.err, ErrCheckoutTimeout) || !errors.Is(got.err, context.Canceled) {
@@ -272,7 +272,7 @@ func TestPoolDiscardLetsWaiterOpenReplacement(t *testing.T) {
 	if pc.opened.Load() != 2 || pc.closed.Load() != 1 {
 		t.Errorf("opened %d, closed %d; want 2 and 1", pc.opened.Load(), pc.closed.Load())
 	}
-	if st := pool.Stat(); st.Total != 1 {
+	if st := pool.snapshot(); st.Total != 1 {
 		t.Errorf("pool %+v, want 1 connection", st)
 	}
 	pool.Release(got.sc)
@@ -293,7 +293,7 @@ func TestPoolConnectFailureHandsCapacityOn(t *testing.T) {
 		sc, err := pool.Acquire(context.Background())
 		first <- acquired{sc, err}
 	}()
-	waitFor(t, "the first Acquire to start connecting", func() bool { return pool.Stat().Total == 1 })
+	waitFor(t, "the first Acquire to start connecting", func() bool { return pool.snapshot().Total == 1 })
 	second := goAcquire(t, pool, waitTimeout)
 
 	// The first connect fails; the second succeeds.
@@ -308,7 +308,7 @@ func TestPoolConnectFailureHandsCapacityOn(t *testing.T) {
 	if got.err != nil {
 		t.Fatalf("second Acquire: %v", got.err)
 	}
-	if st := pool.Stat(); st.Total != 1 || st.Waiting != 0 {
+	if st := pool.snapshot(); st.Total != 1 || st.Waiting != 0 {
 		t.Errorf("pool %+v, want 1 connection, nobody waiting", st)
 	}
 	pool.Release(got.sc)
@@ -333,7 +333,7 @@ func TestPoolCloseWakesWaiters(t *testing.T) {
 	}
 	pool.Release(a)
 	pool.Discard(b)
-	if st := pool.Stat(); st.Total != 0 || st.Idle != 0 {
+	if st := pool.snapshot(); st.Total != 0 || st.Idle != 0 {
 		t.Errorf("pool %+v after every connection came back, want empty", st)
 	}
 	if n := pc.open(); n != 0 {
@@ -355,14 +355,14 @@ func TestPoolMaintain(t *testing.T) {
 	if missing := pool.maintain(now.Add(30 * time.Second)); missing != 0 {
 		t.Errorf("maintain before idle_timeout reported %d missing", missing)
 	}
-	if st := pool.Stat(); st.Idle != 3 {
+	if st := pool.snapshot(); st.Idle != 3 {
 		t.Fatalf("pool %+v before idle_timeout, want 3 idle", st)
 	}
 
 	if missing := pool.maintain(now.Add(2 * time.Minute)); missing != 0 {
 		t.Errorf("maintain reported %d missing, want 0 (min_pool_size kept)", missing)
 	}
-	if st := pool.Stat(); st.Idle != 1 || st.Total != 1 {
+	if st := pool.snapshot(); st.Idle != 1 || st.Total != 1 {
 		t.Fatalf("pool %+v after idle_timeout, want 1 idle of 1", st)
 	}
 	if pc.closed.Load() != 2 {
@@ -378,7 +378,7 @@ func TestPoolMaintain(t *testing.T) {
 	if missing := pool.maintain(now.Add(2 * time.Hour)); missing != 1 {
 		t.Errorf("maintain after server_lifetime reported %d missing, want 1", missing)
 	}
-	if st := pool.Stat(); st.Total != 0 {
+	if st := pool.snapshot(); st.Total != 0 {
 		t.Errorf("pool %+v after server_lifetime, want empty", st)
 	}
 
@@ -386,7 +386,7 @@ func TestPoolMaintain(t *testing.T) {
 	if err := pool.grow(context.Background()); err != nil {
 		t.Fatalf("grow: %v", err)
 	}
-	if st := pool.Stat(); st.Idle != 1 || st.Total != 1 {
+	if st := pool.snapshot(); st.Idle != 1 || st.Total != 1 {
 		t.Errorf("pool %+v after grow, want 1 idle", st)
 	}
 	if missing := pool.maintain(time.Now()); missing != 0 {
@@ -460,7 +460,7 @@ func TestPoolAcquireSkipsDeadIdleConnection(t *testing.T) {
 	if fresh == sc {
 		t.Fatal("Acquire returned an idle connection whose server had closed it")
 	}
-	if st := pool.Stat(); st.Total != 1 {
+	if st := pool.snapshot(); st.Total != 1 {
 		t.Errorf("pool %+v, want 1 connection", st)
 	}
 	pool.Release(fresh)
@@ -518,7 +518,7 @@ func TestPoolAccountingUnderContention(t *testing.T) {
 	if m := maxInUse.Load(); m > size {
 		t.Errorf("%d connections in use at once, pool size %d", m, size)
 	}
-	st := pool.Stat()
+	st := pool.snapshot()
 	if st.Waiting != 0 || st.Total != st.Idle || st.Total > size {
 		t.Errorf("pool %+v at rest, want no waiters and every connection idle (at most %d)", st, size)
 	}

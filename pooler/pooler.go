@@ -411,16 +411,5 @@ func (p *Pooler) growPool(pool *Pool) {
 	}
 }
 
-// Stats returns a snapshot of every pool.
-func (p *Pooler) Stats() []PoolStat {
-	p.poolsMu.Lock()
-	defer p.poolsMu.Unlock()
-	stats := make([]PoolStat, 0, len(p.pools))
-	for _, pool := range p.pools {
-		stats = append(stats, pool.Stat())
-	}
-	return stats
-}
-
 // ClientCount is the number of client connections open now.
 func (p *Pooler) ClientCount() int64 { return p.clientCount.Load() }

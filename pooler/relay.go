@@ -505,8 +505,7 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 // link has reached it, by giving sc a read deadline in the past (readServer
 // clears it). s.mu must be held and sc must be s.server.
 func (s *session) wakeReaderLocked(sc *ServerConn) {
-	if s.closing || s.mode != config.PoolerModeTransaction || s.cancelsInFlight > 0 ||
-		s.pending != 0 || s.unsynced || s.clientMid || s.txStatus != wire.TxIdle {
+	if s.closing || s.mode != config.PoolerModeTransaction || s.cancelsInFlight > 0 || !s.betweenTransactionsLocked() {
 		return
 	}
 	s.releaseWake = true
@@ -535,8 +534,16 @@ func (s *session) releaseLocked(sc *ServerConn) {
 // since anything answered raised pending before the write began). s.mu must
 // be held, by the goroutine that reads sc.
 func (s *session) releasableLocked(sc *ServerConn) bool {
-	return s.pending == 0 && !s.unsynced && !s.clientMid && s.cancelsInFlight == 0 &&
-		s.txStatus == wire.TxIdle && sc.scanner.AtBoundary()
+	return s.betweenTransactionsLocked() && s.cancelsInFlight == 0 && sc.scanner.AtBoundary()
+}
+
+// betweenTransactionsLocked reports whether the client's side of the link
+// is at rest: everything it sent has been answered, no extended-protocol
+// batch or message is half sent, and it is outside a transaction. It is the
+// part of the release point that does not need the server stream (which
+// only its reader may look at). s.mu must be held.
+func (s *session) betweenTransactionsLocked() bool {
+	return s.pending == 0 && !s.unsynced && !s.clientMid && s.txStatus == wire.TxIdle
 }
 
 // serverLost tells the client its server connection failed and ends the
@@ -629,8 +636,7 @@ func (s *session) returnServer(sc *ServerConn, pending int, midBatch bool, txSta
 // idle: its server connection is reset and released by finish.
 func (s *session) endIfIdle() {
 	s.mu.Lock()
-	betweenTransactions := s.mode == config.PoolerModeSession && s.pending == 0 && !s.unsynced &&
-		!s.clientMid && !s.writing && s.txStatus == wire.TxIdle
+	betweenTransactions := s.mode == config.PoolerModeSession && !s.writing && s.betweenTransactionsLocked()
 	if (s.server != nil && !betweenTransactions) || s.ended {
 		s.mu.Unlock()
 		return
