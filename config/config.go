@@ -137,7 +137,7 @@ type General struct {
 	MaxClientConnections int `toml:"max_client_connections"` // extension, default 0 = limited only by file descriptors
 
 	// Login admission control (extensions; docs/configuration.md).
-	MaxLoginsInProgress int          `toml:"max_logins_in_progress" restart:"true"` // 0 = 128 per GOMAXPROCS
+	MaxLoginsInProgress int          `toml:"max_logins_in_progress" restart:"true"` // 0 = 16 per GOMAXPROCS
 	LoginQueueTarget    Milliseconds `toml:"login_queue_target"`                    // default 50
 	LoginQueueMaxAge    Milliseconds `toml:"login_queue_max_age"`                   // default 2000; 0 = no age limit
 

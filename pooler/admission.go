@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -17,27 +18,41 @@ import (
 // A login holds one of a bounded number of login slots from accept to
 // ReadyForQuery (or its end). While every slot is taken, the accept loops
 // stop accepting, so new connections wait in the kernel's accept queue,
-// which costs pgtender nothing. (overload.md measured this policy keeping a
-// no-backend Go login server at capacity under 3× overload where accepting
-// everything fell to 0.69×; pgtender's own figures, which do not yet reach
-// that, are in docs/PERFORMANCE.md "Reconnect waves".)
-// Two rules keep that wait short of a client's deadline:
+// which costs pgtender nothing. Three rules keep that wait short of a
+// client's deadline:
 //
-//   - When no slot frees within login_queue_target, the accept loop starts
-//     shedding: it accepts each new connection and refuses it at once with
-//     FATAL 53300, until a slot is free again. Slots held by logins that do
-//     not progress (clients stalling mid-login) then cost new clients a
-//     quick, clear refusal instead of a silent wait.
+//   - The accept queue is kept to the size pgtender can serve on time
+//     (acceptQueueSizer): while logins are waiting for slots, each
+//     listening socket's backlog is set, with listen(2), to what pgtender
+//     completes in half of login_queue_max_age, so the kernel drops the SYNs
+//     of the excess (the client retries them) instead of queueing
+//     connections that would be served late. Without a standing queue the
+//     backlog is listen_backlog, so a short burst is queued whole.
 //   - A connection accepted after waiting longer than login_queue_max_age
-//     in the kernel's queue is refused rather than served late: its client
-//     has used most of its connect_timeout already, and serving it would
-//     make the connections behind it late too.
+//     in the kernel's queue is refused with FATAL 53300 rather than served
+//     late: its client has used most of its connect_timeout already.
+//   - When the slots stop freeing altogether (every slot held by a login
+//     that does not progress, such as clients stalling mid-login) for
+//     login_queue_target, the accept loop starts shedding: it accepts each
+//     new connection and refuses it at once with FATAL 53300, until a login
+//     ends again. New clients then get a quick, clear refusal instead of a
+//     silent wait. Slots that keep freeing, however slowly, never trigger
+//     it: that is a queue to be sized, not a stall.
 //
 // A login already holding a slot is never starved by newcomers: slots are
-// released only by the logins that hold them.
+// released only by the logins that hold them. Why the slots are few (16
+// per GOMAXPROCS): logins are CPU work, and every extra login in progress
+// lengthens the scheduler's run queue that the first queries of logged-in
+// clients wait in; with 128 per GOMAXPROCS a wave at 1.5x capacity left
+// most clients logged in but timing out on their first query
+// (docs/PERFORMANCE.md, "Reconnect waves").
 
 // slotsPerCPU is the default number of login slots per GOMAXPROCS.
-const slotsPerCPU = 128
+const slotsPerCPU = 16
+
+// stallConfirmDivisor sets the confirming wait after login_queue_target:
+// target/stallConfirmDivisor (12.5 ms for the default 50 ms).
+const stallConfirmDivisor = 4
 
 // shedDeadline bounds how long a refused connection may take pgtender's
 // time: reading its startup packet (so the client sees the error, not a
@@ -52,31 +67,51 @@ const shedMessage = "pgtender is overloaded: too many logins in progress; retry"
 type ShedReason string
 
 const (
-	ShedNoLoginSlot ShedReason = "no_login_slot" // no slot freed within login_queue_target
+	ShedNoLoginSlot ShedReason = "no_login_slot" // no login ended within login_queue_target while every slot was held
 	ShedQueueAge    ShedReason = "queue_age"     // waited longer than login_queue_max_age in the accept queue
 )
 
-// loginSlots is the semaphore of login slots.
-type loginSlots chan struct{}
+// loginSlots is the semaphore of login slots, with the counters the
+// admission policy and the accept-queue sizer read. Safe for concurrent
+// use.
+type loginSlots struct {
+	held chan struct{}
+	// ended counts slots released by the logins that held them: the
+	// progress that tells a slow queue from a stall, and the throughput
+	// the accept queue is sized by.
+	ended atomic.Uint64
+	// waited is set when an accept loop found every slot taken; the queue
+	// sizer reads and clears it each tick.
+	waited atomic.Bool
+}
 
-func newLoginSlots(n int) loginSlots {
+func newLoginSlots(n int) *loginSlots {
 	if n <= 0 {
 		n = slotsPerCPU * runtime.GOMAXPROCS(0)
 	}
-	return make(loginSlots, n)
+	return &loginSlots{held: make(chan struct{}, n)}
 }
 
 // tryAcquire takes a slot if one is free.
-func (s loginSlots) tryAcquire() bool {
+func (s *loginSlots) tryAcquire() bool {
 	select {
-	case s <- struct{}{}:
+	case s.held <- struct{}{}:
 		return true
 	default:
 		return false
 	}
 }
 
-func (s loginSlots) release() { <-s }
+// release gives back the slot of a login that ended (served, failed or
+// abandoned).
+func (s *loginSlots) release() {
+	<-s.held
+	s.ended.Add(1)
+}
+
+// unused gives back a slot that no login used (the connection was refused
+// or the accept failed); it is not progress.
+func (s *loginSlots) unused() { <-s.held }
 
 // admissionDecision is what admission control does with an accepted
 // connection.
@@ -84,46 +119,76 @@ type admissionDecision int
 
 const (
 	admitLogin   admissionDecision = iota // serve it; it holds a slot
-	shedNoSlot                            // refuse: no slot freed within login_queue_target
+	shedNoSlot                            // refuse: the slots are stalled
 	shedQueueAge                          // refuse: it waited too long in the accept queue
 )
 
 // admissionPolicy is one accept loop's admission state: whether it is
-// shedding. Its clock is a seam for tests (real timers in production).
-// Not safe for concurrent use: each accept loop has its own, sharing slots.
+// shedding, and since which count of ended logins. Its clock is a seam for
+// tests (real timers in production). Not safe for concurrent use: each
+// accept loop has its own, sharing the slots.
 type admissionPolicy struct {
-	slots    loginSlots
+	slots    *loginSlots
 	newTimer func(time.Duration) (<-chan time.Time, func() bool)
 	shedding bool
+	// endedAtShed is slots.ended when shedding began: shedding stops as
+	// soon as a login ends after it.
+	endedAtShed uint64
 }
 
-func newAdmissionPolicy(slots loginSlots) *admissionPolicy {
+func newAdmissionPolicy(slots *loginSlots) *admissionPolicy {
 	return &admissionPolicy{slots: slots, newTimer: func(d time.Duration) (<-chan time.Time, func() bool) {
 		timer := time.NewTimer(d)
 		return timer.C, timer.Stop
 	}}
 }
 
-// beforeAccept is called before each accept. Unless shedding, it waits up
-// to target for a free slot and reports whether it took one; when none
-// frees in time (or done closes) the loop starts shedding.
+// beforeAccept is called before each accept. Unless shedding, it waits for
+// a free slot and reports whether it took one. It waits as long as logins
+// keep ending (another loop may win the slot each one frees); when a whole
+// target, and a short wait to confirm it, pass with every slot held and no
+// login ending (or done closes), the loop starts shedding.
 func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{}) (haveSlot bool) {
 	if a.shedding {
-		return false
+		if a.slots.ended.Load() == a.endedAtShed {
+			return false // still stalled
+		}
+		a.shedding = false // a login ended: the slots progress again
 	}
 	if a.slots.tryAcquire() {
 		return true
 	}
-	expired, stop := a.newTimer(target)
-	defer stop()
-	select {
-	case a.slots <- struct{}{}:
-		return true
-	case <-expired:
-	case <-done:
+	a.slots.waited.Store(true)
+	ended := a.slots.ended.Load()
+	wait, confirming := target, false
+	for {
+		expired, stop := a.newTimer(wait)
+		select {
+		case a.slots.held <- struct{}{}:
+			stop()
+			return true
+		case <-expired:
+		case <-done:
+			stop()
+			return false
+		}
+		if now := a.slots.ended.Load(); now != ended {
+			// Logins are ending: a queue, not a stall.
+			ended, wait, confirming = now, target, false
+			continue
+		}
+		if !confirming {
+			// Confirm with one short wait more: a process whose CPU quota
+			// ran out was frozen for the whole target (up to 80 ms of
+			// every 100 under a 20% cgroup quota), and its logins need a
+			// moment after it thaws to show progress again.
+			wait, confirming = max(target/stallConfirmDivisor, time.Millisecond), true
+			continue
+		}
+		a.shedding = true
+		a.endedAtShed = ended
+		return false
 	}
-	a.shedding = true
-	return false
 }
 
 // afterAccept decides what to do with an accepted connection, given whether
@@ -138,7 +203,7 @@ func (a *admissionPolicy) afterAccept(haveSlot bool, age time.Duration, ageKnown
 		a.shedding = false // a slot is free again
 	}
 	if maxAge > 0 && ageKnown && age > maxAge {
-		a.slots.release()
+		a.slots.unused()
 		return shedQueueAge
 	}
 	return admitLogin

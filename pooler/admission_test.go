@@ -8,12 +8,16 @@ import (
 // fakeTimers is a clock for admissionPolicy whose timers fire only when the
 // test says so.
 type fakeTimers struct {
-	fire chan time.Time
+	fire  chan time.Time
+	armed chan struct{} // receives once per timer started
 }
 
-func newFakeTimers() *fakeTimers { return &fakeTimers{fire: make(chan time.Time, 1)} }
+func newFakeTimers() *fakeTimers {
+	return &fakeTimers{fire: make(chan time.Time, 2), armed: make(chan struct{}, 16)}
+}
 
 func (f *fakeTimers) newTimer(time.Duration) (<-chan time.Time, func() bool) {
+	f.armed <- struct{}{}
 	return f.fire, func() bool { return true }
 }
 
@@ -22,13 +26,13 @@ func (f *fakeTimers) expire() { f.fire <- time.Time{} }
 
 func newTestPolicy(slots int) (*admissionPolicy, *fakeTimers) {
 	timers := newFakeTimers()
-	policy := newAdmissionPolicy(make(loginSlots, slots))
+	policy := newAdmissionPolicy(newLoginSlots(slots))
 	policy.newTimer = timers.newTimer
 	return policy, timers
 }
 
 // holdAll takes every slot, as logins in progress would.
-func holdAll(s loginSlots) {
+func holdAll(s *loginSlots) {
 	for s.tryAcquire() {
 	}
 }
@@ -42,8 +46,8 @@ func TestAdmissionFreeSlotAdmits(t *testing.T) {
 	if got := policy.afterAccept(true, 0, true, 2*time.Second); got != admitLogin {
 		t.Fatalf("decision %v, want admitLogin", got)
 	}
-	if len(policy.slots) != 1 {
-		t.Fatalf("%d slots held, want 1", len(policy.slots))
+	if len(policy.slots.held) != 1 {
+		t.Fatalf("%d slots held, want 1", len(policy.slots.held))
 	}
 }
 
@@ -52,7 +56,9 @@ func TestAdmissionOverloadShedsUntilASlotFrees(t *testing.T) {
 	holdAll(policy.slots)
 	never := make(chan struct{})
 
-	// Overload: no slot frees within the target.
+	// Overload: no slot frees (and no login ends) within the target, nor
+	// within the confirming wait after it.
+	timers.expire()
 	timers.expire()
 	if policy.beforeAccept(50*time.Millisecond, never) {
 		t.Fatal("took a slot although all were held")
@@ -72,6 +78,9 @@ func TestAdmissionOverloadShedsUntilASlotFrees(t *testing.T) {
 
 	// Recovery: a login finishes and frees its slot; the next connection
 	// is served and shedding ends.
+	if policy.slots.ended.Load() != 0 {
+		t.Fatal("shedding counted as progress")
+	}
 	policy.slots.release()
 	if got := policy.afterAccept(policy.beforeAccept(50*time.Millisecond, never), 0, true, 0); got != admitLogin {
 		t.Fatalf("after a slot freed: decision %v, want admitLogin", got)
@@ -107,8 +116,8 @@ func TestAdmissionShedsConnectionsPastMaxAge(t *testing.T) {
 	if got := policy.afterAccept(haveSlot, 3*time.Second, true, 2*time.Second); got != shedQueueAge {
 		t.Fatalf("decision %v, want shedQueueAge", got)
 	}
-	if len(policy.slots) != 0 {
-		t.Fatalf("%d slots held after a refusal, want 0", len(policy.slots))
+	if len(policy.slots.held) != 0 {
+		t.Fatalf("%d slots held after a refusal, want 0", len(policy.slots.held))
 	}
 	// An age the kernel did not report, or a limit of 0, sheds nothing.
 	for _, c := range []struct {
@@ -130,5 +139,95 @@ func TestAdmissionDoneStopsTheWait(t *testing.T) {
 	close(done)
 	if policy.beforeAccept(time.Hour, done) {
 		t.Fatal("took a slot although every slot was held")
+	}
+}
+
+func TestAdmissionSlowQueueIsNotAStall(t *testing.T) {
+	policy, timers := newTestPolicy(1)
+	holdAll(policy.slots)
+	never := make(chan struct{})
+	got := make(chan bool)
+	go func() { got <- policy.beforeAccept(50*time.Millisecond, never) }()
+
+	// The target passes, but a login ended meanwhile and another accept
+	// loop took its slot: the loop keeps waiting instead of shedding.
+	<-timers.armed
+	policy.slots.ended.Add(1)
+	timers.expire()
+	<-timers.armed // a second wait began
+	if policy.shedding {
+		t.Fatal("shedding although a login ended within the target")
+	}
+
+	// A thaw: the target passes with no login ending, but one ends within
+	// the confirming wait.
+	timers.expire()
+	<-timers.armed
+	policy.slots.ended.Add(1)
+	timers.expire()
+	<-timers.armed // waiting a whole target again
+	if policy.shedding {
+		t.Fatal("shedding although a login ended within the confirming wait")
+	}
+
+	// A whole target with no login ending is a stall once the confirming
+	// wait shows no login ending either.
+	timers.expire()
+	<-timers.armed // the confirming wait
+	if policy.shedding {
+		t.Fatal("shedding before the stall was confirmed")
+	}
+	timers.expire()
+	if <-got {
+		t.Fatal("took a slot although every slot was held")
+	}
+	if !policy.shedding {
+		t.Fatal("not shedding after a target with no login ending")
+	}
+
+	// A login ending elsewhere (its slot taken by another loop) ends the
+	// shedding: the next beforeAccept waits again.
+	policy.slots.ended.Add(1)
+	go func() { got <- policy.beforeAccept(50*time.Millisecond, never) }()
+	<-timers.armed
+	if policy.shedding {
+		t.Fatal("still shedding after a login ended")
+	}
+	policy.slots.release() // frees the slot the waiting loop takes
+	if !<-got {
+		t.Fatal("the freed slot was not taken")
+	}
+}
+
+func TestAdmissionRefusalIsNotProgress(t *testing.T) {
+	policy, _ := newTestPolicy(1)
+	never := make(chan struct{})
+	haveSlot := policy.beforeAccept(50*time.Millisecond, never)
+	if got := policy.afterAccept(haveSlot, 3*time.Second, true, time.Second); got != shedQueueAge {
+		t.Fatalf("decision %v, want shedQueueAge", got)
+	}
+	if n := policy.slots.ended.Load(); n != 0 {
+		t.Fatalf("a refused connection counted as %d ended logins", n)
+	}
+}
+
+func TestAcceptQueueSize(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		perSecond float64
+		saturated bool
+		wait      time.Duration
+		sockets   int
+		want      int
+	}{
+		{"no standing queue keeps listen_backlog", 1000, false, time.Second, 2, 4096},
+		{"no target keeps listen_backlog", 1000, true, 0, 2, 4096},
+		{"a second of 1000/s over two sockets", 1000, true, time.Second, 2, 500},
+		{"capped at listen_backlog", 100000, true, time.Second, 2, 4096},
+		{"a stall keeps a floor", 0, true, time.Second, 2, minAcceptQueue},
+	} {
+		if got := acceptQueueSize(c.perSecond, c.saturated, c.wait, c.sockets, 4096); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
 	}
 }

@@ -112,7 +112,7 @@ func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
 		conn, err := l.AcceptTCP()
 		if err != nil {
 			if haveSlot {
-				p.loginSlots.release()
+				p.loginSlots.unused()
 			}
 			if p.draining.Load() || errors.Is(err, net.ErrClosed) {
 				return

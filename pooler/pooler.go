@@ -47,7 +47,7 @@ type Pooler struct {
 
 	listeners    []*net.TCPListener
 	connectSlots chan struct{} // semaphore of maxConcurrentServerConnects
-	loginSlots   loginSlots    // login admission control (admission.go)
+	loginSlots   *loginSlots   // login admission control (admission.go)
 
 	nextProcessID    atomic.Uint32
 	clientCount      atomic.Int64
@@ -158,9 +158,10 @@ func (p *Pooler) Serve() error {
 		p.wg.Add(1)
 		go p.acceptLoop(l, i)
 	}
-	p.wg.Add(2)
+	p.wg.Add(3)
 	go p.maintenanceLoop()
 	go p.healthLoop()
+	go p.acceptQueueSizer()
 	<-p.done
 	return ErrServerClosed
 }

@@ -17,6 +17,8 @@
 #   MULTS ["0.5 1 1.5 3"] offered load, multiples of C
 #   DURATION [10s]        length of each run; DEADLINE [5s] client deadline
 #   POOL_SIZE [20]
+#   PEERS ["pgtender pgbouncer"] which poolers to measure
+#   PGT_GENERAL [""]      extra lines for pgtender's [general] (e.g. admission settings)
 # Loopback only: everything listens on and connects to 127.0.0.1.
 set -euo pipefail
 
@@ -26,6 +28,8 @@ MULTS=${MULTS:-"0.5 1 1.5 3"}
 DURATION=${DURATION:-10s}
 DEADLINE=${DEADLINE:-5s}
 POOL_SIZE=${POOL_SIZE:-20}
+PEERS=${PEERS:-"pgtender pgbouncer"}
+PGT_GENERAL=${PGT_GENERAL:-}
 PGT_PORT=6432 PGB_PORT=6433 METRICS_PORT=9930
 PERIOD_US=100000
 
@@ -147,6 +151,7 @@ openmetrics_port = $METRICS_PORT
 openmetrics_host = "127.0.0.1"
 log_connections = false
 log_disconnections = false
+$PGT_GENERAL
 
 [admin]
 password = "admin"
@@ -250,12 +255,13 @@ dl_s=${DEADLINE%s}
 {
   echo "commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (dirty work tree)')"
   echo "date $(date -u +%FT%TZ)  cgroup $cg_mode  quota ${QUOTA_PCT}% of one CPU  pool $POOL_SIZE"
+  [[ -n $PGT_GENERAL ]] && echo "pgtender [general] extra: $PGT_GENERAL"
   echo "nproc $(nproc)  loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "somaxconn $(sysctl -n net.core.somaxconn)  tcp_max_syn_backlog $(sysctl -n net.ipv4.tcp_max_syn_backlog)  syncookies $(sysctl -n net.ipv4.tcp_syncookies)"
   echo "$(go version 2>/dev/null || /usr/local/go/bin/go version)  $(pgbouncer --version | head -1)"
 } | tee "$out/conditions.txt" >&2
 
-for peer in pgtender pgbouncer; do
+for peer in $PEERS; do
   first_backlog=${BACKLOGS%% *}
   start_peer "$peer" "$first_backlog"
   say "$peer: closed loop, 64 workers, $DURATION (capacity C)"
