@@ -63,6 +63,14 @@ func TestAdmissionShedsWhenStalledLoginsHoldEverySlot(t *testing.T) {
 		}
 	}
 
+	// Nothing can be served on time while the slots are stalled: the
+	// accept queue shrinks to its floor (16).
+	capacity := func() float64 {
+		return mustSample(t, scrape(t, url), namespace+"listen_queue_capacity", map[string]string{"worker": "0"})
+	}
+	configured := mustSample(t, before, namespace+"listen_queue_capacity", map[string]string{"worker": "0"})
+	eventually(t, 10*time.Second, "the accept queue to shrink during the stall", func() bool { return capacity() == 16 })
+
 	for _, c := range stallers {
 		c.Close()
 	}
@@ -75,6 +83,9 @@ func TestAdmissionShedsWhenStalledLoginsHoldEverySlot(t *testing.T) {
 		conn.Close(ctx)
 		return true
 	})
+	// No login waits for a slot any more: the queue is listen_backlog again.
+	eventually(t, 10*time.Second, "the accept queue to grow back to listen_backlog", func() bool { return capacity() == configured })
+	t.Logf("listen_queue_capacity: %v before the stall, 16 during it, %v after", configured, capacity())
 
 	var after map[string]*dto.MetricFamily
 	eventually(t, 5*time.Second, "no login in flight", func() bool {

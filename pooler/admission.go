@@ -151,6 +151,7 @@ func newAdmissionPolicy(slots *loginSlots) *admissionPolicy {
 func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{}) (haveSlot bool) {
 	if a.shedding {
 		if a.slots.ended.Load() == a.endedAtShed {
+			a.slots.waited.Store(true)
 			return false // still stalled
 		}
 		a.shedding = false // a login ended: the slots progress again

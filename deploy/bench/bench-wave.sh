@@ -17,6 +17,8 @@
 #   MULTS ["0.5 1 1.5 3"] offered load, multiples of C
 #   DURATION [10s]        length of each run; DEADLINE [5s] client deadline
 #   POOL_SIZE [20]
+#   REPEAT [3]            trials; each measures C and every wave for each peer,
+#                         the peers alternating, and the table prints medians
 #   PEERS ["pgtender pgbouncer"] which poolers to measure
 #   PGT_GENERAL [""]      extra lines for pgtender's [general] (e.g. admission settings)
 # Loopback only: everything listens on and connects to 127.0.0.1.
@@ -29,6 +31,7 @@ DURATION=${DURATION:-10s}
 DEADLINE=${DEADLINE:-5s}
 POOL_SIZE=${POOL_SIZE:-20}
 PEERS=${PEERS:-"pgtender pgbouncer"}
+REPEAT=${REPEAT:-3}
 PGT_GENERAL=${PGT_GENERAL:-}
 PGT_PORT=6432 PGB_PORT=6433 METRICS_PORT=9930
 PERIOD_US=100000
@@ -244,9 +247,9 @@ run_storm() {
   fi
   jq -c --arg peer "$name" --argjson backlog "$backlog" --arg mult "$mult" --argjson rate "$rate" \
         --argjson rc "$rc" --argjson cpu_us "$(( u1 - u0 ))" --arg thr "$(( t1 - t0 ))" \
-        --arg quota "$QUOTA_PCT" \
+        --arg quota "$QUOTA_PCT" --argjson trial "$trial" \
         '. + {bench: {peer: $peer, backlog: $backlog, mult: $mult, rate: $rate, exit: $rc,
-              pooler_cpu_us: $cpu_us, throttled_periods: $thr, quota_pct: $quota}}' <<<"$js" >>"$raw"
+              pooler_cpu_us: $cpu_us, throttled_periods: $thr, quota_pct: $quota, trial: $trial}}' <<<"$js" >>"$raw"
 }
 
 # --- the runs -----------------------------------------------------------------
@@ -254,17 +257,18 @@ dur_s=${DURATION%s}
 dl_s=${DEADLINE%s}
 {
   echo "commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (dirty work tree)')"
-  echo "date $(date -u +%FT%TZ)  cgroup $cg_mode  quota ${QUOTA_PCT}% of one CPU  pool $POOL_SIZE"
+  echo "date $(date -u +%FT%TZ)  trials $REPEAT  cgroup $cg_mode  quota ${QUOTA_PCT}% of one CPU  pool $POOL_SIZE"
   [[ -n $PGT_GENERAL ]] && echo "pgtender [general] extra: $PGT_GENERAL"
   echo "nproc $(nproc)  loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "somaxconn $(sysctl -n net.core.somaxconn)  tcp_max_syn_backlog $(sysctl -n net.ipv4.tcp_max_syn_backlog)  syncookies $(sysctl -n net.ipv4.tcp_syncookies)"
   echo "$(go version 2>/dev/null || /usr/local/go/bin/go version)  $(pgbouncer --version | head -1)"
 } | tee "$out/conditions.txt" >&2
 
+for trial in $(seq "$REPEAT"); do
 for peer in $PEERS; do
   first_backlog=${BACKLOGS%% *}
   start_peer "$peer" "$first_backlog"
-  say "$peer: closed loop, 64 workers, $DURATION (capacity C)"
+  say "trial $trial/$REPEAT $peer: closed loop, 64 workers, $DURATION (capacity C)"
   run_storm "$peer" "$first_backlog" C 0 -c 64 -duration "$DURATION"
   C=$(tail -n 1 "$raw" | jq -r '.ontime_per_second // 0')
   say "$peer: C = $C logins/s"
@@ -276,12 +280,13 @@ for peer in $PEERS; do
     for mult in $MULTS; do
       rate=$(awk -v c="$C" -v m="$mult" 'BEGIN{printf "%d", c*m + 0.5}')
       maxout=$(awk -v r="$rate" -v d="$dl_s" 'BEGIN{printf "%d", r*(d+1) + 1000}')
-      say "$peer backlog $backlog: open loop $mult C = $rate logins/s for $DURATION"
+      say "trial $trial $peer backlog $backlog: open loop $mult C = $rate logins/s for $DURATION"
       run_storm "$peer" "$backlog" "$mult" "$rate" -rate "$rate" -duration "$DURATION" -max-outstanding "$maxout"
       sleep 1
     done
   done
   stop_peer
+done
 done
 echo "loadavg after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/conditions.txt" >&2
 
