@@ -275,7 +275,10 @@ func Reconcile(summary Summary, held int64, before, after LoginCounters) []Recon
 		// (within their room) must be in this row.
 		row.ServerMin = max(certainHere, row.ServerMin+placeable-placeGroups(groups, room, counters))
 		row.Match = row.Server >= float64(row.ServerMin) && row.Server <= float64(row.ServerMax)
-		if len(may) > 0 {
+		switch {
+		case len(may) > 0 && row.ServerMin == row.ServerMax:
+			note = joinNote(note, strings.Join(may, ", ")+": all here, as the other counters they may be in did not grow")
+		case len(may) > 0:
 			uncertain := strings.Join(may, ", ") + " may be here"
 			if certainHere > 0 {
 				uncertain = fmt.Sprintf("besides %d certain, ", certainHere) + uncertain
