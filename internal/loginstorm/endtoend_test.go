@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -63,6 +64,9 @@ func TestOpenLoopWrongPasswordsMatchServer(t *testing.T) {
 	if summary.RefusedBySQL["28P01"] != summary.WrongRefused || !summary.Gate.Met {
 		t.Fatalf("refusals %v gate %+v", summary.RefusedBySQL, summary.Gate)
 	}
+	if refusals := summary.RefusalLatency; refusals.Count != summary.WrongRefused || refusals.P50 <= 0 || refusals.P50 >= 5 {
+		t.Fatalf("refusal latency %+v of %d wrong passwords refused", refusals, summary.WrongRefused)
+	}
 	if summary.Dispatch == nil {
 		t.Fatal("open loop without dispatch stats")
 	}
@@ -71,10 +75,34 @@ func TestOpenLoopWrongPasswordsMatchServer(t *testing.T) {
 func TestRefusedWith53300(t *testing.T) {
 	server := startFakeServer(t, "cleartext", "secret")
 	server.refuse.Store(true)
-	summary := runAgainst(t, server, "-c", "2", "-n", "10")
+	server.refuseDelay.Store(int64(20 * time.Millisecond))
+	metricsURL := startMetrics(t, server, "")
+	summary := runAgainst(t, server, "-c", "2", "-n", "10", "-deadline", "2s", "-metrics", metricsURL)
 	results, _, _ := server.snapshot()
 	if summary.Failed[ClassRefused] != 10 || summary.RefusedBySQL["53300"] != 10 || results["shed"] != 10 || summary.Gate.Met {
 		t.Fatalf("summary %+v server %v", summary, results)
+	}
+	// Each refusal took at least the server's delay, connect included, and
+	// far less than the deadline.
+	refusals := summary.RefusalLatency
+	if refusals.Count != 10 || refusals.P50 < 0.02 || refusals.P50 >= 2 || refusals.Max < refusals.P99 || refusals.P99 < refusals.P50 {
+		t.Fatalf("refusal latency %+v", refusals)
+	}
+	if summary.RefusalsWithinTarget > 10 || summary.Latency != (LatencySummary{}) {
+		t.Fatalf("within 100ms %d, completed latency %+v", summary.RefusalsWithinTarget, summary.Latency)
+	}
+	// Every refused client read its error: the shed count is exact.
+	for _, row := range summary.Reconciliation {
+		if !row.Match || row.ServerMin != row.ServerMax {
+			t.Errorf("row %+v: want an exact match", row)
+		}
+	}
+
+	// Refusals slower than the target are counted as such.
+	server.refuseDelay.Store(int64(150 * time.Millisecond))
+	summary = runAgainst(t, server, "-c", "2", "-n", "4", "-deadline", "2s")
+	if summary.RefusalLatency.Count != 4 || summary.RefusalsWithinTarget != 0 || summary.RefusalLatency.P50 < 0.15 || summary.RefusalLatency.P50 >= 2 {
+		t.Fatalf("slow refusals: %+v, %d within 100ms", summary.RefusalLatency, summary.RefusalsWithinTarget)
 	}
 }
 
@@ -89,6 +117,43 @@ func TestStallTimesOutAtDeadline(t *testing.T) {
 	_, abandoned, _ := server.snapshot()
 	if summary.Failed[ClassTimeout] != 3 || summary.TimeoutStage[StageAuth] != 3 || abandoned["auth"] != 3 {
 		t.Fatalf("summary %+v server abandoned %v", summary, abandoned)
+	}
+	if summary.Unanswered[ReachSent] != 3 {
+		t.Fatalf("unanswered %v, want 3 that heard nothing", summary.Unanswered)
+	}
+}
+
+func TestTimeoutsReconcileByReach(t *testing.T) {
+	for _, test := range []struct {
+		name  string
+		stall func(*fakeServer)
+		reach Reach
+		// the rows that are ranges: those the timeouts may be in, unless
+		// the server's other counts pin them down
+		ranged []string
+	}{
+		{"before the first byte", func(s *fakeServer) { s.stall.Store(true) }, ReachSent,
+			[]string{`logins_total{result=~"shed|rejected|error"}`, `logins_total{result="shed"}`, `logins_abandoned_total{stage="startup"}`, "all logins ended (results + abandoned)"}},
+		{"after the password", func(s *fakeServer) { s.stallReady.Store(true) }, ReachPassword,
+			[]string{`logins_total{result="ok"}`, `logins_total{result="auth_failed"}`, `logins_total{result=~"shed|rejected|error"}`, `logins_abandoned_total{stage="auth"}`}},
+	} {
+		t.Run(test.name, func(t *testing.T) {
+			server := startFakeServer(t, "scram", "secret")
+			test.stall(server)
+			metricsURL := startMetrics(t, server, "")
+			summary := runAgainst(t, server, "-c", "3", "-n", "3", "-deadline", "200ms", "-metrics", metricsURL)
+			if summary.Failed[ClassTimeout] != 3 || summary.Unanswered[test.reach] != 3 {
+				t.Fatalf("timeouts %d unanswered %v, want 3 at %q", summary.Failed[ClassTimeout], summary.Unanswered, test.reach)
+			}
+			for _, row := range summary.Reconciliation {
+				if !row.Match {
+					t.Errorf("row %+v does not match", row)
+				}
+				if ranged := slices.Contains(test.ranged, row.Name); ranged != (row.ServerMin < row.ServerMax) {
+					t.Errorf("row %+v: want a range %v", row, ranged)
+				}
+			}
+		})
 	}
 }
 
@@ -181,6 +246,9 @@ func TestMainExitCodesAndJSON(t *testing.T) {
 	var decoded map[string]any
 	if err := json.Unmarshal(stdout.Bytes(), &decoded); err != nil || decoded["planned"] != float64(5) {
 		t.Fatalf("json %v: %s", err, stdout.String())
+	}
+	if refusals, ok := decoded["refusal_latency_seconds"].(map[string]any); !ok || refusals["count"] != float64(0) || decoded["refusals_within_100ms"] != float64(0) {
+		t.Fatalf("json refusal latency: %s", stdout.String())
 	}
 	server.refuse.Store(true)
 	stdout.Reset()

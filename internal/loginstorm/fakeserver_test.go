@@ -27,7 +27,13 @@ type fakeServer struct {
 	method   string // "cleartext", "md5" or "scram"
 	password string
 	refuse   atomic.Bool // refuse every login with FATAL 53300
-	stall    atomic.Bool // after the StartupMessage, wait for the client to leave
+	// refuseDelay is how long a refusal waits after the StartupMessage, so
+	// that tests can tell its latency from zero.
+	refuseDelay atomic.Int64
+	stall       atomic.Bool // after the StartupMessage, wait for the client to leave
+	// stallReady waits for the client to leave after a right password, as
+	// a pooler waiting for a server connection does.
+	stallReady atomic.Bool
 
 	credentialsOnce sync.Once
 	credentials     scram.StoredCredentials
@@ -35,6 +41,7 @@ type fakeServer struct {
 	mutex     sync.Mutex
 	results   map[string]int64 // ok, auth_failed, shed
 	abandoned map[string]int64 // startup, auth, ready
+	inFlight  int64            // connections served and not yet counted
 	queries   int64
 	open      map[net.Conn]struct{}
 	group     sync.WaitGroup
@@ -89,11 +96,17 @@ func (s *fakeServer) close() {
 func (s *fakeServer) count(counters map[string]int64, key string) {
 	s.mutex.Lock()
 	counters[key]++
+	s.inFlight--
 	s.mutex.Unlock()
 }
 
 // snapshot returns copies of the counters.
 func (s *fakeServer) snapshot() (results, abandoned map[string]int64, queries int64) {
+	results, abandoned, queries, _ = s.snapshotInFlight()
+	return results, abandoned, queries
+}
+
+func (s *fakeServer) snapshotInFlight() (results, abandoned map[string]int64, queries, inFlight int64) {
 	s.mutex.Lock()
 	defer s.mutex.Unlock()
 	results, abandoned = map[string]int64{}, map[string]int64{}
@@ -103,7 +116,7 @@ func (s *fakeServer) snapshot() (results, abandoned map[string]int64, queries in
 	for key, value := range s.abandoned {
 		abandoned[key] = value
 	}
-	return results, abandoned, s.queries
+	return results, abandoned, s.queries, s.inFlight
 }
 
 // ended is the number of logins the server has finished accounting for.
@@ -121,8 +134,9 @@ func (s *fakeServer) ended() int64 {
 
 // metricsText renders the counters as pgtender would, under namespace.
 func (s *fakeServer) metricsText(namespace string) string {
-	results, abandoned, _ := s.snapshot()
+	results, abandoned, _, inFlight := s.snapshotInFlight()
 	var text strings.Builder
+	fmt.Fprintf(&text, "# TYPE %slogins_in_flight gauge\n%slogins_in_flight %d\n", namespace, namespace, inFlight)
 	fmt.Fprintf(&text, "# TYPE %slogins_total counter\n", namespace)
 	for _, result := range []string{"ok", "auth_failed", "rejected", "shed", "error"} {
 		fmt.Fprintf(&text, "%slogins_total{result=%q} %d\n", namespace, result, results[result])
@@ -142,6 +156,9 @@ func (s *fakeServer) metricsHandler(namespace string) http.Handler {
 }
 
 func (s *fakeServer) serve(conn net.Conn) {
+	s.mutex.Lock()
+	s.inFlight++ // every connection ends in exactly one count
+	s.mutex.Unlock()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	backend := pgproto3.NewBackend(conn, conn)
 	message, err := backend.ReceiveStartupMessage()
@@ -155,6 +172,7 @@ func (s *fakeServer) serve(conn net.Conn) {
 		return
 	}
 	if s.refuse.Load() {
+		time.Sleep(time.Duration(s.refuseDelay.Load()))
 		s.count(s.results, "shed")
 		s.sendError(backend, "53300", "pooler overloaded, retry")
 		return
@@ -173,6 +191,11 @@ func (s *fakeServer) serve(conn net.Conn) {
 	if !verified {
 		s.count(s.results, "auth_failed")
 		s.sendError(backend, "28P01", fmt.Sprintf("password authentication failed for user %q", user))
+		return
+	}
+	if s.stallReady.Load() {
+		_, _ = io.Copy(io.Discard, conn)
+		s.count(s.abandoned, "ready")
 		return
 	}
 	backend.Send(&pgproto3.AuthenticationOk{})

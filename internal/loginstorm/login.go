@@ -48,6 +48,23 @@ const (
 	StageDone    Stage = "done"
 )
 
+// Reach is how far a login got in its conversation with the server. For a
+// login that ended without the server's answer (a timeout, a broken
+// connection) it bounds what the server can have counted: one that never
+// heard the server may be unknown to it, one that sent its password may
+// have been admitted after the client left. Reconcile relies on it.
+type Reach string
+
+const (
+	ReachNone     Reach = ""         // no connection: not dialed, or the connect was refused
+	ReachConnect  Reach = "connect"  // the connect timed out: the handshake may have completed on the server's side
+	ReachSent     Reach = "sent"     // connected and sent (part of) the StartupMessage; heard nothing back
+	ReachHeard    Reach = "heard"    // read a message from the server; the password not sent
+	ReachPassword Reach = "password" // sent the password (the SCRAM proof), no AuthenticationOk yet
+	ReachAuthOK   Reach = "auth_ok"  // read AuthenticationOk, not ReadyForQuery
+	ReachReady    Reach = "ready"    // read ReadyForQuery
+)
+
 // Plan is what one login will do, decided before it starts.
 type Plan struct {
 	Sequence int64
@@ -64,7 +81,11 @@ type Outcome struct {
 	Stage    Stage
 	SQLState string // for ClassRefused, ClassQuery and ClassWrongRefused
 	Message  string // the first error seen, for the report's examples
-	Latency  time.Duration
+	// Latency runs from the start of the connect to the end of the login
+	// (the query, or ReadyForQuery), or, for a refusal, to the moment its
+	// ErrorResponse was read.
+	Latency time.Duration
+	Reach   Reach
 	// LoggedIn is true when the server sent ReadyForQuery: the server counts
 	// it as an admitted login whatever happened after.
 	LoggedIn bool
@@ -146,7 +167,9 @@ func (c *Client) Login(ctx context.Context, plan Plan) Outcome {
 		c.close(conn)
 	}
 	outcome.Sequence = plan.Sequence
-	outcome.Latency = c.now().Sub(start)
+	if !isRefusal(outcome.Class) { // a refusal was timed when its error was read
+		outcome.Latency = c.now().Sub(start)
+	}
 	if outcome.Class == ClassOnTime && outcome.Latency > c.Deadline {
 		outcome.Class = ClassLate
 	}
@@ -197,7 +220,13 @@ func (c *Client) login(ctx context.Context, plan Plan, start time.Time, skipQuer
 	var dialer net.Dialer
 	conn, err := dialer.DialContext(ctx, "tcp", c.Address)
 	if err != nil {
-		return Outcome{Class: ClassConnect, Stage: StageConnect, Message: err.Error()}, nil
+		reach := ReachNone
+		if isTimeout(err) {
+			// The server may have completed the handshake as the client
+			// gave up, and accepted (even shed) a connection it never used.
+			reach = ReachConnect
+		}
+		return Outcome{Class: ClassConnect, Stage: StageConnect, Message: err.Error(), Reach: reach}, nil
 	}
 	// The context bounds the dial; the deadline bounds every read and write.
 	// A cancelled parent context (the run was interrupted) closes the socket.
@@ -205,11 +234,14 @@ func (c *Client) login(ctx context.Context, plan Plan, start time.Time, skipQuer
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
+	// reach is set before each send: a write that fails may still have
+	// delivered its bytes, and the server may act on them.
+	reach := ReachSent
 	failed := func(class Class, stage Stage, err error) (Outcome, net.Conn) {
 		if isTimeout(err) {
 			class = ClassTimeout
 		}
-		return Outcome{Class: class, Stage: stage, Message: err.Error()}, conn
+		return Outcome{Class: class, Stage: stage, Message: err.Error(), Reach: reach}, conn
 	}
 
 	frontend := pgproto3.NewFrontend(conn, conn)
@@ -242,14 +274,19 @@ func (c *Client) login(ctx context.Context, plan Plan, start time.Time, skipQuer
 		if err != nil {
 			return failed(ClassProtocol, stage, err)
 		}
+		if reach == ReachSent {
+			reach = ReachHeard
+		}
 		if plan.Abandon == AbandonAuth && isPasswordRequest(message) {
 			c.closeOnly(conn)
 			return Outcome{Class: ClassAbandoned, Stage: StageAuth}, nil
 		}
 		switch message := message.(type) {
 		case *pgproto3.AuthenticationCleartextPassword:
+			reach = ReachPassword
 			frontend.Send(&pgproto3.PasswordMessage{Password: plan.Password})
 		case *pgproto3.AuthenticationMD5Password:
+			reach = ReachPassword
 			frontend.Send(&pgproto3.PasswordMessage{Password: md5Password(plan.Target.User, plan.Password, message.Salt)})
 		case *pgproto3.AuthenticationSASL:
 			if !contains(message.AuthMechanisms, "SCRAM-SHA-256") {
@@ -273,6 +310,7 @@ func (c *Client) login(ctx context.Context, plan Plan, start time.Time, skipQuer
 			if err != nil {
 				return failed(ClassProtocol, stage, err)
 			}
+			reach = ReachPassword // the proof: the server can now admit the login
 			frontend.Send(&pgproto3.SASLResponse{Data: []byte(final)})
 		case *pgproto3.AuthenticationSASLFinal:
 			if conversation == nil {
@@ -284,6 +322,7 @@ func (c *Client) login(ctx context.Context, plan Plan, start time.Time, skipQuer
 			continue
 		case *pgproto3.AuthenticationOk:
 			stage = StageReady
+			reach = ReachAuthOK
 			if plan.Abandon == AbandonReady {
 				c.closeOnly(conn)
 				return Outcome{Class: ClassAbandoned, Stage: StageReady}, nil
@@ -292,12 +331,15 @@ func (c *Client) login(ctx context.Context, plan Plan, start time.Time, skipQuer
 		case *pgproto3.ParameterStatus, *pgproto3.BackendKeyData, *pgproto3.NoticeResponse, *pgproto3.NegotiateProtocolVersion:
 			continue
 		case *pgproto3.ErrorResponse:
+			// Timed before the close: how soon a refusal arrives is what a
+			// refused client feels, the close is the generator's business.
+			latency := c.now().Sub(start)
 			class := ClassRefused
 			if plan.Wrong && (message.Code == "28P01" || message.Code == "28000") {
 				class = ClassWrongRefused
 			}
 			c.closeOnly(conn)
-			return Outcome{Class: class, Stage: stage, SQLState: message.Code, Message: message.Message}, nil
+			return Outcome{Class: class, Stage: stage, SQLState: message.Code, Message: message.Message, Latency: latency, Reach: reach}, nil
 		case *pgproto3.ReadyForQuery:
 			if stage != StageReady {
 				return failed(ClassProtocol, stage, errors.New("ReadyForQuery before AuthenticationOk"))
@@ -315,10 +357,10 @@ func (c *Client) login(ctx context.Context, plan Plan, start time.Time, skipQuer
 // afterReady runs the query, if any, on a logged-in connection.
 func (c *Client) afterReady(frontend *pgproto3.Frontend, conn net.Conn, plan Plan, skipQuery bool) (Outcome, net.Conn) {
 	if plan.Wrong {
-		return Outcome{Class: ClassWrongAdmitted, Stage: StageReady, LoggedIn: true, Message: "a wrong password was admitted"}, conn
+		return Outcome{Class: ClassWrongAdmitted, Stage: StageReady, LoggedIn: true, Reach: ReachReady, Message: "a wrong password was admitted"}, conn
 	}
 	if skipQuery || c.Query == "" {
-		return Outcome{Class: ClassOnTime, Stage: StageDone, LoggedIn: true}, conn
+		return Outcome{Class: ClassOnTime, Stage: StageDone, LoggedIn: true, Reach: ReachReady}, conn
 	}
 	frontend.SendQuery(&pgproto3.Query{String: c.Query})
 	if err := frontend.Flush(); err != nil {
@@ -337,9 +379,9 @@ func (c *Client) afterReady(frontend *pgproto3.Frontend, conn net.Conn, plan Pla
 			}
 		case *pgproto3.ReadyForQuery:
 			if queryError != nil {
-				return Outcome{Class: ClassQuery, Stage: StageQuery, LoggedIn: true, SQLState: queryError.Code, Message: queryError.Message}, conn
+				return Outcome{Class: ClassQuery, Stage: StageQuery, LoggedIn: true, Reach: ReachReady, SQLState: queryError.Code, Message: queryError.Message}, conn
 			}
-			return Outcome{Class: ClassOnTime, Stage: StageDone, LoggedIn: true}, conn
+			return Outcome{Class: ClassOnTime, Stage: StageDone, LoggedIn: true, Reach: ReachReady}, conn
 		}
 	}
 }
@@ -349,7 +391,13 @@ func queryFailure(err error) Outcome {
 	if isTimeout(err) {
 		class = ClassTimeout
 	}
-	return Outcome{Class: class, Stage: StageQuery, LoggedIn: true, Message: err.Error()}
+	return Outcome{Class: class, Stage: StageQuery, LoggedIn: true, Reach: ReachReady, Message: err.Error()}
+}
+
+// isRefusal is true for the classes of a login refused with an
+// ErrorResponse.
+func isRefusal(class Class) bool {
+	return class == ClassRefused || class == ClassWrongRefused
 }
 
 func isTimeout(err error) bool {

@@ -7,9 +7,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -79,8 +81,10 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (Summary, error) {
 	httpClient := &http.Client{Timeout: 10 * time.Second}
 	var before LoginCounters
 	if cfg.MetricsURL != "" {
+		// Logins of an earlier run that the server is still ending would
+		// be counted in this run's change: let it finish first.
 		var err error
-		if before, err = ScrapeLoginCounters(ctx, httpClient, cfg.MetricsURL, cfg.MetricsNamespace); err != nil {
+		if before, err = scrapeSettled(ctx, httpClient, cfg, nil); err != nil {
 			return Summary{}, err
 		}
 	}
@@ -152,29 +156,47 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (Summary, error) {
 		summary.Held = &hold
 	}
 	if cfg.MetricsURL != "" {
-		after, err := scrapeAfter(ctx, httpClient, cfg, before, summary, int64(hold.Opened))
+		held := int64(hold.Opened)
+		after, err := scrapeSettled(ctx, httpClient, cfg, func(after LoginCounters) bool {
+			return !slices.ContainsFunc(Reconcile(summary, held, before, after), func(row ReconcileRow) bool { return !row.Match })
+		})
 		if err != nil {
 			return summary, err
 		}
-		summary.Reconciliation = Reconcile(summary, int64(hold.Opened), before, after)
+		summary.Reconciliation = Reconcile(summary, held, before, after)
 	}
 	return summary, nil
 }
 
-// scrapeAfter scrapes until the server's counters account for every login
-// that reached it, or for at most two seconds: the server counts a login
-// when it notices the client's close, a moment after the client has moved on.
-func scrapeAfter(ctx context.Context, httpClient *http.Client, cfg Config, before LoginCounters, summary Summary, held int64) (LoginCounters, error) {
-	settle := time.Now().Add(2 * time.Second)
+// settleTime bounds how long a scrape waits for the server to settle (a
+// variable for tests).
+var settleTime = 2 * time.Second
+
+// scrapeSettled scrapes until the server has no login in flight (when it
+// exports logins_in_flight), its counters stopped moving between two
+// scrapes, and done (if not nil) accepts them, or for at most settleTime.
+// The server counts a login when it notices the client's close, a moment
+// after the client has moved on, and connections the clients gave up on
+// may still wait in its accept queue. The result is marked Unsettled when
+// the server was still busy at the end.
+func scrapeSettled(ctx context.Context, httpClient *http.Client, cfg Config, done func(LoginCounters) bool) (LoginCounters, error) {
+	limit := time.Now().Add(settleTime)
+	var previous *LoginCounters
 	for {
-		after, err := ScrapeLoginCounters(ctx, httpClient, cfg.MetricsURL, cfg.MetricsNamespace)
+		counters, err := ScrapeLoginCounters(ctx, httpClient, cfg.MetricsURL, cfg.MetricsNamespace)
 		if err != nil {
-			return after, err
+			return counters, err
 		}
-		rows := Reconcile(summary, held, before, after)
-		if rows[len(rows)-1].Match || time.Now().After(settle) || ctx.Err() != nil {
-			return after, nil
+		settled := (!counters.HasInFlight || counters.InFlight == 0) && previous != nil &&
+			maps.Equal(previous.Results, counters.Results) && maps.Equal(previous.Abandoned, counters.Abandoned)
+		if settled && (done == nil || done(counters)) {
+			return counters, nil
 		}
+		if time.Now().After(limit) || ctx.Err() != nil {
+			counters.Unsettled = !settled
+			return counters, nil
+		}
+		previous = &counters
 		select {
 		case <-time.After(50 * time.Millisecond):
 		case <-ctx.Done():

@@ -20,15 +20,25 @@ type Collector struct {
 	abandoned map[Stage]int64  // deliberate abandons and timeouts, by client stage
 	timeouts  map[Stage]int64
 	latencies []time.Duration // of completed logins (on time and late)
+	refusals  []time.Duration // of refused logins, to the ErrorResponse
 	loggedIn  int64           // outcomes where the server sent ReadyForQuery
-	examples  map[Class]string
+	// unanswered counts the logins that ended without the server's answer
+	// (timeouts before ReadyForQuery, broken connections, connect
+	// timeouts) by how far they got, for the reconciliation's bounds.
+	unanswered map[Reach]int64
+	examples   map[Class]string
 }
+
+// RefusalTarget is the latency within which a refusal should arrive: a
+// refused client should learn it at once and retry, not wait out its
+// deadline.
+const RefusalTarget = 100 * time.Millisecond
 
 // NewCollector returns an empty collector.
 func NewCollector() *Collector {
 	return &Collector{
 		counts: map[Class]int64{}, sqlStates: map[string]int64{}, abandoned: map[Stage]int64{},
-		timeouts: map[Stage]int64{}, examples: map[Class]string{},
+		timeouts: map[Stage]int64{}, unanswered: map[Reach]int64{}, examples: map[Class]string{},
 	}
 }
 
@@ -42,6 +52,7 @@ func (c *Collector) Record(outcome Outcome) {
 		c.latencies = append(c.latencies, outcome.Latency)
 	case ClassRefused, ClassWrongRefused:
 		c.sqlStates[outcome.SQLState]++
+		c.refusals = append(c.refusals, outcome.Latency)
 	case ClassAbandoned:
 		c.abandoned[outcome.Stage]++
 	case ClassTimeout:
@@ -49,6 +60,8 @@ func (c *Collector) Record(outcome Outcome) {
 	}
 	if outcome.LoggedIn {
 		c.loggedIn++
+	} else if outcome.Class == ClassTimeout || outcome.Class == ClassProtocol || outcome.Reach == ReachConnect {
+		c.unanswered[outcome.Reach]++
 	}
 	if outcome.Message != "" && c.examples[outcome.Class] == "" {
 		example := outcome.Message
@@ -87,28 +100,33 @@ func (c *Collector) Progress() Progress {
 
 // Summary is the final report of a run.
 type Summary struct {
-	Mode           string            `json:"mode"`
-	Planned        int64             `json:"planned"`
-	OnTime         int64             `json:"completed_on_time"`
-	Late           int64             `json:"late"`
-	Failed         map[Class]int64   `json:"failed"`
-	Abandoned      int64             `json:"abandoned_deliberately"`
-	WrongRefused   int64             `json:"wrong_password_refused"`
-	RefusedBySQL   map[string]int64  `json:"refused_by_sqlstate"`
-	AbandonedStage map[Stage]int64   `json:"abandoned_by_stage"`
-	TimeoutStage   map[Stage]int64   `json:"timeout_by_stage"`
-	LoggedIn       int64             `json:"logged_in"`
-	Examples       map[Class]string  `json:"examples,omitempty"`
-	ElapsedSeconds float64           `json:"elapsed_seconds"`
-	LoginsPerSec   float64           `json:"completed_per_second"`
-	OnTimePerSec   float64           `json:"ontime_per_second"`
-	Latency        LatencySummary    `json:"latency_seconds"`
-	Dispatch       *DispatchStats    `json:"dispatch,omitempty"`
-	Held           *HoldSummary      `json:"held,omitempty"`
-	Gate           GateResult        `json:"gate"`
-	Reconciliation []ReconcileRow    `json:"reconciliation,omitempty"`
-	Interrupted    bool              `json:"interrupted,omitempty"`
-	Settings       map[string]string `json:"settings"`
+	Mode           string           `json:"mode"`
+	Planned        int64            `json:"planned"`
+	OnTime         int64            `json:"completed_on_time"`
+	Late           int64            `json:"late"`
+	Failed         map[Class]int64  `json:"failed"`
+	Abandoned      int64            `json:"abandoned_deliberately"`
+	WrongRefused   int64            `json:"wrong_password_refused"`
+	RefusedBySQL   map[string]int64 `json:"refused_by_sqlstate"`
+	AbandonedStage map[Stage]int64  `json:"abandoned_by_stage"`
+	TimeoutStage   map[Stage]int64  `json:"timeout_by_stage"`
+	LoggedIn       int64            `json:"logged_in"`
+	Unanswered     map[Reach]int64  `json:"unanswered_by_reach"`
+	Examples       map[Class]string `json:"examples,omitempty"`
+	ElapsedSeconds float64          `json:"elapsed_seconds"`
+	LoginsPerSec   float64          `json:"completed_per_second"`
+	OnTimePerSec   float64          `json:"ontime_per_second"`
+	Latency        LatencySummary   `json:"latency_seconds"`
+	// RefusalLatency covers the classes refused and wrong_refused, from the
+	// start of the connect to the ErrorResponse.
+	RefusalLatency       RefusalLatencySummary `json:"refusal_latency_seconds"`
+	RefusalsWithinTarget int64                 `json:"refusals_within_100ms"`
+	Dispatch             *DispatchStats        `json:"dispatch,omitempty"`
+	Held                 *HoldSummary          `json:"held,omitempty"`
+	Gate                 GateResult            `json:"gate"`
+	Reconciliation       []ReconcileRow        `json:"reconciliation,omitempty"`
+	Interrupted          bool                  `json:"interrupted,omitempty"`
+	Settings             map[string]string     `json:"settings"`
 }
 
 // LatencySummary holds percentiles of completed logins, in seconds.
@@ -117,6 +135,13 @@ type LatencySummary struct {
 	P95 float64 `json:"p95"`
 	P99 float64 `json:"p99"`
 	Max float64 `json:"max"`
+}
+
+// RefusalLatencySummary holds percentiles of refused logins, in seconds;
+// all zero when Count is.
+type RefusalLatencySummary struct {
+	Count int64 `json:"count"`
+	LatencySummary
 }
 
 // HoldSummary is how -hold went.
@@ -144,6 +169,7 @@ func (c *Collector) Summarize(elapsed time.Duration, gateOnTime float64) Summary
 	summary := Summary{
 		Failed: map[Class]int64{}, RefusedBySQL: maps.Clone(c.sqlStates), AbandonedStage: maps.Clone(c.abandoned),
 		TimeoutStage: maps.Clone(c.timeouts), Examples: maps.Clone(c.examples), LoggedIn: c.loggedIn,
+		Unanswered: maps.Clone(c.unanswered),
 	}
 	for _, count := range c.counts {
 		summary.Planned += count
@@ -160,11 +186,12 @@ func (c *Collector) Summarize(elapsed time.Duration, gateOnTime float64) Summary
 		summary.LoginsPerSec = float64(summary.OnTime+summary.Late) / elapsed.Seconds()
 		summary.OnTimePerSec = float64(summary.OnTime) / elapsed.Seconds()
 	}
-	latencies := slices.Clone(c.latencies)
-	slices.Sort(latencies)
-	summary.Latency = LatencySummary{
-		P50: percentile(latencies, 0.50).Seconds(), P95: percentile(latencies, 0.95).Seconds(),
-		P99: percentile(latencies, 0.99).Seconds(), Max: percentile(latencies, 1).Seconds(),
+	summary.Latency = summarizeLatencies(c.latencies)
+	summary.RefusalLatency = RefusalLatencySummary{Count: int64(len(c.refusals)), LatencySummary: summarizeLatencies(c.refusals)}
+	for _, latency := range c.refusals {
+		if latency <= RefusalTarget {
+			summary.RefusalsWithinTarget++
+		}
 	}
 	summary.Gate = evaluateGate(summary.OnTime+summary.WrongRefused, summary.Planned-summary.Abandoned, gateOnTime)
 	return summary
@@ -178,6 +205,17 @@ func evaluateGate(good, denominator int64, want float64) GateResult {
 	// A run that planned nothing has shown nothing: it does not pass.
 	gate.Met = denominator > 0 && gate.OnTimeShare >= want
 	return gate
+}
+
+// summarizeLatencies returns the percentiles of latencies, which it does not
+// modify.
+func summarizeLatencies(latencies []time.Duration) LatencySummary {
+	sorted := slices.Clone(latencies)
+	slices.Sort(sorted)
+	return LatencySummary{
+		P50: percentile(sorted, 0.50).Seconds(), P95: percentile(sorted, 0.95).Seconds(),
+		P99: percentile(sorted, 0.99).Seconds(), Max: percentile(sorted, 1).Seconds(),
+	}
 }
 
 // percentile is the nearest-rank percentile of sorted values; 0 when empty.
@@ -233,9 +271,17 @@ func (s Summary) WriteText(out io.Writer) {
 	if len(s.AbandonedStage) > 0 {
 		fmt.Fprintf(out, "  abandoned by stage:          %s\n", formatCounts(s.AbandonedStage))
 	}
+	if len(s.Unanswered) > 0 {
+		fmt.Fprintf(out, "  unanswered, by reach:        %s\n", formatCounts(s.Unanswered))
+	}
 	fmt.Fprintf(out, "  elapsed %.2fs, completed %.1f logins/s, on time %.1f logins/s\n", s.ElapsedSeconds, s.LoginsPerSec, s.OnTimePerSec)
 	fmt.Fprintf(out, "  latency of completed logins: p50 %s  p95 %s  p99 %s  max %s\n",
 		seconds(s.Latency.P50), seconds(s.Latency.P95), seconds(s.Latency.P99), seconds(s.Latency.Max))
+	if refusals := s.RefusalLatency; refusals.Count > 0 {
+		fmt.Fprintf(out, "  latency of refusals (%d): p50 %s  p95 %s  p99 %s  max %s; within %s: %d (%.2f%%)\n",
+			refusals.Count, seconds(refusals.P50), seconds(refusals.P95), seconds(refusals.P99), seconds(refusals.Max),
+			RefusalTarget, s.RefusalsWithinTarget, 100*float64(s.RefusalsWithinTarget)/float64(refusals.Count))
+	}
 	if s.Dispatch != nil {
 		verdict := "kept its schedule"
 		if s.Dispatch.LateCount > 0 {

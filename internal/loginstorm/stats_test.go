@@ -2,6 +2,7 @@ package loginstorm
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -97,5 +98,64 @@ func TestParseArgs(t *testing.T) {
 	}
 	if got := cfg.planFor(1, 3*time.Second).Password; got != "p2" {
 		t.Errorf("at 3s password %q, want p2", got)
+	}
+}
+
+func TestRefusalLatency(t *testing.T) {
+	collector := NewCollector()
+	// 20 refusals at 10..200 ms, 5 of them wrong passwords, and completed
+	// logins whose latencies must not mix in.
+	for i := 1; i <= 20; i++ {
+		outcome := Outcome{Class: ClassRefused, SQLState: "53300", Stage: StageAuth, Latency: time.Duration(i) * 10 * time.Millisecond}
+		if i%4 == 0 {
+			outcome.Class, outcome.SQLState = ClassWrongRefused, "28P01"
+		}
+		collector.Record(outcome)
+		collector.Record(Outcome{Class: ClassOnTime, Latency: time.Second, LoggedIn: true})
+	}
+	collector.Record(Outcome{Class: ClassTimeout, Stage: StageAuth, Reach: ReachSent})
+	summary := collector.Summarize(time.Second, 0.5)
+	refusals := summary.RefusalLatency
+	if refusals.Count != 20 || refusals.P50 != 0.1 || refusals.P95 != 0.19 || refusals.P99 != 0.2 || refusals.Max != 0.2 {
+		t.Fatalf("refusal latency %+v", refusals)
+	}
+	// 10 ms ... 100 ms: the target is inclusive.
+	if summary.RefusalsWithinTarget != 10 {
+		t.Fatalf("refusals within 100ms: %d, want 10", summary.RefusalsWithinTarget)
+	}
+	if summary.Latency.P50 != 1 || summary.Latency.Max != 1 {
+		t.Fatalf("completed latency %+v mixes in refusals", summary.Latency)
+	}
+	if summary.Unanswered[ReachSent] != 1 || len(summary.Unanswered) != 1 {
+		t.Fatalf("unanswered %v", summary.Unanswered)
+	}
+	var text bytes.Buffer
+	summary.WriteText(&text)
+	for _, want := range []string{"latency of refusals (20): p50 100ms  p95 190ms  p99 200ms  max 200ms; within 100ms: 10 (50.00%)", "unanswered, by reach:        sent=1"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, text.String())
+		}
+	}
+	encoded, err := json.Marshal(summary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"refusal_latency_seconds":{"count":20,"p50":0.1,"p95":0.19,"p99":0.2,"max":0.2}`, `"refusals_within_100ms":10`} {
+		if !strings.Contains(string(encoded), want) {
+			t.Errorf("JSON lacks %s: %s", want, encoded)
+		}
+	}
+
+	// No refusal: a zero count, and no line in the table.
+	empty := NewCollector()
+	empty.Record(Outcome{Class: ClassOnTime, Latency: time.Millisecond, LoggedIn: true})
+	summary = empty.Summarize(time.Second, 0.5)
+	if summary.RefusalLatency != (RefusalLatencySummary{}) || summary.RefusalsWithinTarget != 0 {
+		t.Fatalf("refusal latency without refusals: %+v", summary.RefusalLatency)
+	}
+	text.Reset()
+	summary.WriteText(&text)
+	if strings.Contains(text.String(), "latency of refusals") {
+		t.Errorf("table reports refusal latency without refusals:\n%s", text.String())
 	}
 }
