@@ -56,8 +56,8 @@ const stallConfirmDivisor = 4
 
 // shedDeadline bounds how long a refused connection may take pgtender's
 // time: reading its startup packet (so the client sees the error, not a
-// reset) and writing the error.
-const shedDeadline = 250 * time.Millisecond
+// reset), and then writing the error.
+const shedDeadline = time.Second
 
 // shedMessage is what a refused client reads.
 const shedMessage = "pgtender is overloaded: too many logins in progress; retry"
@@ -234,7 +234,10 @@ func acceptQueueAge(conn *net.TCPConn) (age time.Duration, ok bool) {
 // shed refuses an accepted connection with FATAL 53300. It reads the
 // client's startup packet first (answering an SSLRequest or GSSENCRequest
 // with 'N'), so that the client reads the error instead of a connection
-// reset, all within shedDeadline. It counts the refusal as a login.
+// reset, all within shedDeadline. A client that has not sent its startup
+// packet by then gets the error anyway: a client slow to send it (a load
+// generator short of CPU, a long round trip) reads it after writing its
+// packet. It counts the refusal as a login.
 func (p *Pooler) shed(conn *net.TCPConn, reason ShedReason) {
 	defer p.wg.Done()
 	defer conn.Close()
@@ -246,10 +249,10 @@ func (p *Pooler) shed(conn *net.TCPConn, reason ShedReason) {
 	for range 3 {
 		startup, err := wire.ReadStartup(conn, scratch[:0])
 		if err != nil {
-			if errors.Is(err, wire.ErrMalformedStartup) {
+			if errors.Is(err, wire.ErrMalformedStartup) || isTimeout(err) {
 				break
 			}
-			return
+			return // the client is gone
 		}
 		if startup.Kind == wire.SSLRequest || startup.Kind == wire.GSSEncRequest {
 			if _, err := conn.Write([]byte{'N'}); err != nil {
@@ -259,5 +262,6 @@ func (p *Pooler) shed(conn *net.TCPConn, reason ShedReason) {
 		}
 		break // a StartupMessage (or a CancelRequest, which cannot be served now)
 	}
+	_ = conn.SetWriteDeadline(time.Now().Add(shedDeadline))
 	_, _ = conn.Write(wire.AppendErrorResponse(nil, wire.SeverityFatal, sqlstateTooManyConnections, shedMessage))
 }
