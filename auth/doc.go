@@ -25,11 +25,12 @@
 // load time too.
 //
 // Passthrough users (passthrough_auth) send their password in clear
-// (ReadCleartextPassword) and are admitted by a Registry: an atomic pointer
-// to an immutable snapshot of the passwords Postgres has accepted, so the
-// common case, a known user with the known password, takes no lock and
-// allocates nothing. A password the registry does not know is verified
-// against Postgres, by a function the pooler provides, before it is admitted.
+// (ReadCleartextPassword) and are admitted by a Registry: immutable
+// snapshots of the passwords Postgres has accepted, split into shards each
+// behind an atomic pointer, so the common case, a known user with the
+// known password, takes no lock and allocates nothing, and a write copies
+// one shard. A password the registry does not know is verified against
+// Postgres, by a function the pooler provides, before it is admitted.
 //
 // Errors: ErrPasswordMismatch (the client gets FATAL 28P01), ErrProtocol (the
 // client broke the exchange: FATAL 08P01), ErrUnusableSecret (configuration:
