@@ -30,7 +30,8 @@
 // behind an atomic pointer, so the common case, a known user with the
 // known password, takes no lock and allocates nothing, and a write copies
 // one shard. A password the registry does not know is verified against
-// Postgres, by a function the pooler provides, before it is admitted.
+// Postgres, by a function the pooler provides, before it is admitted, and
+// a password Postgres rejected is remembered briefly (a negative cache).
 //
 // Errors: ErrPasswordMismatch (the client gets FATAL 28P01), ErrProtocol (the
 // client broke the exchange: FATAL 08P01), ErrUnusableSecret (configuration:
