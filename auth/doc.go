@@ -30,10 +30,12 @@
 // behind an atomic pointer, so the common case, a known user with the
 // known password, takes no lock and allocates nothing, and a write copies
 // one shard. A password the registry does not know is verified against
-// Postgres, by a function the pooler provides, before it is admitted, and
-// a password Postgres rejected is remembered briefly (a negative cache).
+// Postgres, by a function the pooler provides, before it is admitted;
+// passwords Postgres rejected are remembered briefly (a negative cache),
+// and failed verifications are limited per user and per client address.
 //
-// Errors: ErrPasswordMismatch (the client gets FATAL 28P01), ErrProtocol (the
+// Errors: ErrPasswordMismatch (the client gets FATAL 28P01), ErrThrottled
+// (wraps ErrPasswordMismatch: 28P01 too, counted apart), ErrProtocol (the
 // client broke the exchange: FATAL 08P01), ErrUnusableSecret (configuration:
 // logged, and the client gets 28P01). Passwords never appear in errors or in
 // the String form of any value of this package.

@@ -9,11 +9,24 @@ const (
 	DefaultNegativeCacheTTL = 10 * time.Second
 )
 
+// DefaultFailureLimit is the failed-verification limit per user and per
+// client address: 5 at once, then one more per second.
+var DefaultFailureLimit = Limit{Burst: 5, Every: time.Second}
+
+// Limit is a token bucket of failed verifications: Burst of them at once,
+// then one more per Every. The zero Limit (Burst 0) means no limit.
+type Limit struct {
+	Burst int
+	Every time.Duration
+}
+
 // Option changes one default of NewRegistry.
 type Option func(*options)
 
 type options struct {
 	negativeTTL time.Duration
+	userLimit   Limit
+	addrLimit   Limit
 	// now is the clock; tests replace it.
 	now func() time.Time
 }
@@ -21,6 +34,8 @@ type options struct {
 func defaultOptions() options {
 	return options{
 		negativeTTL: DefaultNegativeCacheTTL,
+		userLimit:   DefaultFailureLimit,
+		addrLimit:   DefaultFailureLimit,
 		now:         time.Now,
 	}
 }
@@ -29,6 +44,12 @@ func defaultOptions() options {
 // without asking Postgres; 0 (or less) turns the negative cache off.
 func WithNegativeCacheTTL(d time.Duration) Option {
 	return func(o *options) { o.negativeTTL = max(d, 0) }
+}
+
+// WithFailureLimits sets the failed-verification limits per user (role)
+// and per client address. A zero Limit turns that limit off.
+func WithFailureLimits(perUser, perAddress Limit) Option {
+	return func(o *options) { o.userLimit, o.addrLimit = perUser, perAddress }
 }
 
 // withClock replaces time.Now, for tests.

@@ -34,9 +34,9 @@ type Login struct {
 	Key Key
 	// Password is what the client sent in its PasswordMessage.
 	Password string
-	// ClientAddr is the client's IP address, for limiting failed
-	// verifications per address (not used yet). The zero Addr is a Unix
-	// socket, or unknown.
+	// ClientAddr is the client's IP address, for the per-address limit on
+	// failed verifications. The zero Addr (a Unix socket, or unknown)
+	// is limited per user only.
 	ClientAddr netip.Addr
 }
 
@@ -51,9 +51,17 @@ func (l Login) String() string {
 // GoString is String, so %#v does not print the password either.
 func (l Login) GoString() string { return "auth.Login{" + l.String() + "}" }
 
-// ErrRejected is what a VerifyFunc wraps when Postgres refused the
-// credentials (SQLSTATE 28P01 or 28000).
-var ErrRejected = errors.New("auth: Postgres rejected the credentials")
+var (
+	// ErrRejected is what a VerifyFunc wraps when Postgres refused the
+	// credentials (SQLSTATE 28P01 or 28000).
+	ErrRejected = errors.New("auth: Postgres rejected the credentials")
+
+	// ErrThrottled is returned instead of asking Postgres when too many
+	// verifications of the login's user or client address failed recently.
+	// It wraps ErrPasswordMismatch, so the client gets FATAL 28P01 like
+	// for any wrong password; the pooler can count it apart.
+	ErrThrottled = fmt.Errorf("%w (too many failed attempts: not verified)", ErrPasswordMismatch)
+)
 
 // VerifyFunc opens a real server connection to Postgres as key.User with
 // password, and keeps it: the pooler's function puts it into the pool. It
@@ -82,8 +90,9 @@ const numShards = 256
 // array, apart from the writers' mutexes, so a write does not disturb the
 // cache lines readers of other shards use.
 //
-// In front of the verification (the slow path) sits a negative cache of
-// passwords Postgres rejected. See Authenticate.
+// In front of the verification (the slow path) sit a negative cache of
+// passwords Postgres rejected and a limiter of failed verifications per
+// user and per client address. See Authenticate.
 //
 // Measured on the 2-core development machine (go test -bench, -benchmem),
 // with 1,000 keys for the fast paths and 10,000 for the write:
@@ -105,6 +114,7 @@ type Registry struct {
 	shards [numShards]shard
 
 	flights singleflight.Group
+	limiter limiter
 
 	// joinedFlight, when set by a test, is called by Authenticate once it
 	// waits on a flight (leader or follower).
@@ -136,7 +146,8 @@ type entry struct {
 }
 
 // NewRegistry returns an empty registry for mode, with the defaults
-// (DefaultNegativeCacheTTL) changed by opts. The modes ending in
+// (DefaultNegativeCacheTTL, DefaultFailureLimit per user and per address)
+// changed by opts. The modes ending in
 // _allow_change let a client replace its verified password by another one
 // Postgres accepts; the others keep the first verified password until
 // Forget. The registry does not check that mode enables passthrough: the
@@ -159,6 +170,7 @@ func NewRegistry(mode config.PassthroughAuth, opts ...Option) *Registry {
 	for i := range r.snaps {
 		r.snaps[i].Store(empty)
 	}
+	r.limiter.init(r.opts.userLimit, r.opts.addrLimit)
 	return r
 }
 
@@ -174,10 +186,20 @@ func NewRegistry(mode config.PassthroughAuth, opts ...Option) *Registry {
 //   - an unknown key, or another password under *_allow_change: verify is
 //     called first, and the password is stored only if Postgres accepted
 //     it. Concurrent calls for the same key and password share one verify.
-//     A rejection is remembered in the negative cache. An error wrapping
-//     ErrRejected becomes ErrPasswordMismatch; any other verify error is
-//     returned (wrapped, with the key) and nothing is remembered, so the
-//     next login asks again.
+//     Before it, the verification takes a token from the failed-verification
+//     buckets of the user and of the client address; without one every
+//     caller sharing it gets ErrThrottled. A rejection keeps the tokens and
+//     is remembered in the negative cache; any other outcome gives them
+//     back. An error wrapping ErrRejected becomes ErrPasswordMismatch; any
+//     other verify error is returned (wrapped, with the key) and nothing is
+//     remembered, so the next login asks again.
+//
+// So a flood of wrong passwords costs Postgres a bounded number of
+// attempts, and never delays a client presenting the verified password.
+// The price: while a user's bucket is empty, a correct password that still
+// needs verifying (a first login after a restart, a new password under
+// allow_change) is refused too, until the bucket refills; the client's
+// retry gets through once the flood stops or slows below the refill rate.
 //
 // When ctx ends first, Authenticate returns ctx's error while the shared
 // verification carries on for the other callers.
@@ -225,8 +247,9 @@ func stringBytes(s string) []byte {
 	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
-// verifyAndStore is the slow path: the negative cache, then one shared
-// verification per (key, password), then a copy-on-write store.
+// verifyAndStore is the slow path: the negative cache, then one shared,
+// rate-limited verification per (key, password), then a copy-on-write
+// store.
 func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verify VerifyFunc) error {
 	key, password := login.Key, login.Password
 	if err := ctx.Err(); err != nil {
@@ -245,10 +268,16 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 
 	detached := context.WithoutCancel(ctx)
 	results := r.flights.DoChan(string(mac[:]), func() (any, error) {
+		if !r.limiter.reserve(key.User, login.ClientAddr, r.opts.now()) {
+			return nil, ErrThrottled
+		}
 		err := verify(detached, key, password)
 		if errors.Is(err, ErrRejected) {
+			// Keep the tokens: this is the failure they limit.
 			sh.negative.add(mac, r.opts.now(), r.opts.negativeTTL)
+			return nil, err
 		}
+		r.limiter.refund(key.User, login.ClientAddr, r.opts.now())
 		if err != nil {
 			return nil, err
 		}
@@ -263,6 +292,8 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 		switch {
 		case res.Err == nil:
 			return nil
+		case res.Err == ErrThrottled:
+			return ErrThrottled
 		case errors.Is(res.Err, ErrPasswordMismatch), errors.Is(res.Err, ErrRejected):
 			return ErrPasswordMismatch
 		default:

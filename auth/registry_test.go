@@ -99,9 +99,9 @@ func newRegistry(_ testing.TB, mode config.PassthroughAuth, opts ...Option) *Reg
 	return NewRegistry(mode, opts...)
 }
 
-// bare turns off the negative cache, for tests of the registry's core
-// rules that count verify calls.
-var bare = []Option{WithNegativeCacheTTL(0)}
+// bare turns off the negative cache and the failure limiter, for tests of
+// the registry's core rules that count verify calls.
+var bare = []Option{WithNegativeCacheTTL(0), WithFailureLimits(Limit{}, Limit{})}
 
 // macName is the MAC of (key, password) as a string, for comparisons.
 func (r *Registry) macName(key Key, password string) string {
