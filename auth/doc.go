@@ -32,7 +32,9 @@
 // one shard. A password the registry does not know is verified against
 // Postgres, by a function the pooler provides, before it is admitted;
 // passwords Postgres rejected are remembered briefly (a negative cache),
-// and failed verifications are limited per user and per client address.
+// failed verifications are limited per user and per client address, and a
+// stored password is checked against Postgres again, in the background,
+// once it is older than the reverify interval.
 //
 // Errors: ErrPasswordMismatch (the client gets FATAL 28P01), ErrThrottled
 // (wraps ErrPasswordMismatch: 28P01 too, counted apart), ErrProtocol (the

@@ -4,6 +4,10 @@ import "time"
 
 // Defaults of a Registry; each has an Option to change it.
 const (
+	// DefaultReverifyInterval is how old a verified password may grow
+	// before its next use checks it against Postgres again
+	// (passthrough_reverify_interval).
+	DefaultReverifyInterval = 60 * time.Second
 	// DefaultNegativeCacheTTL is how long a password Postgres rejected is
 	// refused without asking Postgres again.
 	DefaultNegativeCacheTTL = 10 * time.Second
@@ -24,20 +28,30 @@ type Limit struct {
 type Option func(*options)
 
 type options struct {
-	negativeTTL time.Duration
-	userLimit   Limit
-	addrLimit   Limit
+	reverifyInterval time.Duration
+	negativeTTL      time.Duration
+	userLimit        Limit
+	addrLimit        Limit
 	// now is the clock; tests replace it.
 	now func() time.Time
 }
 
 func defaultOptions() options {
 	return options{
-		negativeTTL: DefaultNegativeCacheTTL,
-		userLimit:   DefaultFailureLimit,
-		addrLimit:   DefaultFailureLimit,
-		now:         time.Now,
+		reverifyInterval: DefaultReverifyInterval,
+		negativeTTL:      DefaultNegativeCacheTTL,
+		userLimit:        DefaultFailureLimit,
+		addrLimit:        DefaultFailureLimit,
+		now:              time.Now,
 	}
+}
+
+// WithReverifyInterval sets how old a verified password may grow before
+// its next use re-verifies it in the background; 0 (or less) turns
+// re-verification off. It is meant to take passthrough_reverify_interval
+// as it is (0 = never).
+func WithReverifyInterval(d time.Duration) Option {
+	return func(o *options) { o.reverifyInterval = max(d, 0) }
 }
 
 // WithNegativeCacheTTL sets how long a rejected password is refused

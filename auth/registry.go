@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/pgtender/pgtender/config"
@@ -69,9 +70,11 @@ var (
 // credentials, any other error when Postgres could not be asked.
 //
 // The Registry calls it on behalf of every client waiting for the same
-// (key, password), so its ctx is not any one client's: it carries the
-// values of the first caller's context but not its cancellation or
-// deadline. The function must bound itself (connect_timeout).
+// (key, password), and in the background to re-verify a stored password,
+// so its ctx is not any one client's: it carries the values of the
+// triggering caller's context but not its cancellation or deadline (a
+// background re-verification is canceled by Registry.Close). The function
+// must bound itself (connect_timeout).
 type VerifyFunc func(ctx context.Context, key Key, password string) error
 
 // numShards is how many parts the registry's snapshot is split into. A
@@ -84,15 +87,17 @@ const numShards = 256
 // The snapshot is split into numShards shards, chosen by a seeded hash of
 // the key. Readers load a shard's immutable map through an atomic pointer,
 // so the common login, a known key with the known password, takes no lock
-// and allocates nothing. Writers (a newly verified password, Forget) copy
-// one shard under that shard's mutex and publish the copy: a write costs
-// O(keys/numShards), not O(keys). The read pointers sit in their own
-// array, apart from the writers' mutexes, so a write does not disturb the
-// cache lines readers of other shards use.
+// and allocates nothing. Writers (a newly verified password, a refreshed
+// or removed entry, Forget) copy one shard under that shard's mutex and
+// publish the copy: a write costs O(keys/numShards), not O(keys). The read
+// pointers sit in their own array, apart from the writers' mutexes, so a
+// write does not disturb the cache lines readers of other shards use.
 //
 // In front of the verification (the slow path) sit a negative cache of
 // passwords Postgres rejected and a limiter of failed verifications per
-// user and per client address. See Authenticate.
+// user and per client address; behind the fast path, a background
+// re-verification of entries older than the reverify interval. See
+// Authenticate.
 //
 // Measured on the 2-core development machine (go test -bench, -benchmem),
 // with 1,000 keys for the fast paths and 10,000 for the write:
@@ -116,6 +121,13 @@ type Registry struct {
 	flights singleflight.Group
 	limiter limiter
 
+	// Background re-verifications: tracked so Close can end them.
+	bgMu     sync.Mutex
+	bgClosed bool
+	bgWG     sync.WaitGroup
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
+
 	// joinedFlight, when set by a test, is called by Authenticate once it
 	// waits on a flight (leader or follower).
 	joinedFlight func()
@@ -123,9 +135,9 @@ type Registry struct {
 
 // shard is the writers' side of one shard of the snapshot.
 type shard struct {
-	// mu serializes writers; epoch counts Forget calls so a verification
-	// that was in flight when its key was forgotten does not store it
-	// again.
+	// mu serializes writers; epoch counts removals (Forget, MarkStale, a
+	// failed re-verification) so a verification that was in flight when
+	// its key was removed does not store it again.
 	mu    sync.Mutex
 	epoch uint64
 
@@ -137,21 +149,34 @@ type snapshot struct {
 	entries map[Key]*entry
 }
 
-// entry is a verified password. It is never modified once published.
+// entry is a verified password. Only checking changes once it is
+// published; a refreshed entry is a new entry.
 type entry struct {
 	password string
 	// digest is sha256(password): the fast path compares digests, so the
 	// comparison is constant-time whatever the lengths.
 	digest [sha256.Size]byte
+	// verified is when the verification that stored the password, or
+	// last confirmed it, began.
+	verified time.Time
+	// due is when the password is to be checked against Postgres again;
+	// zero when re-verification is off.
+	due time.Time
+	// checking is set while a background re-verification of this entry
+	// runs, so there is at most one per key.
+	checking atomic.Bool
 }
 
 // NewRegistry returns an empty registry for mode, with the defaults
-// (DefaultNegativeCacheTTL, DefaultFailureLimit per user and per address)
-// changed by opts. The modes ending in
+// (DefaultReverifyInterval, DefaultNegativeCacheTTL, DefaultFailureLimit
+// per user and per address) changed by opts. The modes ending in
 // _allow_change let a client replace its verified password by another one
-// Postgres accepts; the others keep the first verified password until
-// Forget. The registry does not check that mode enables passthrough: the
-// pooler only consults it when it does.
+// Postgres accepts; the others keep the first verified password until it
+// is removed (Forget, MarkStale, a failed re-verification). The registry
+// does not check that mode enables passthrough: the pooler only consults
+// it when it does.
+//
+// Callers must call Close when done, to end background re-verifications.
 func NewRegistry(mode config.PassthroughAuth, opts ...Option) *Registry {
 	r := &Registry{
 		allowChange: mode == config.PassthroughEnabledAllowChange ||
@@ -171,13 +196,26 @@ func NewRegistry(mode config.PassthroughAuth, opts ...Option) *Registry {
 		r.snaps[i].Store(empty)
 	}
 	r.limiter.init(r.opts.userLimit, r.opts.addrLimit)
+	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
 	return r
+}
+
+// Close cancels the background re-verifications in flight and waits for
+// them to return. Authenticate keeps working afterwards, without starting
+// new ones.
+func (r *Registry) Close() {
+	r.bgMu.Lock()
+	r.bgClosed = true
+	r.bgMu.Unlock()
+	r.bgCancel()
+	r.bgWG.Wait()
 }
 
 // Authenticate admits login, or says why not:
 //
 //   - the verified password of login.Key: nil at once (no lock, no
-//     allocation);
+//     allocation). If the entry is older than the reverify interval, a
+//     background re-verification starts (see reverify);
 //   - an empty password: ErrPasswordMismatch (Postgres refuses those);
 //   - another password for a known key, in a mode without allow_change:
 //     ErrPasswordMismatch, without asking Postgres;
@@ -204,7 +242,8 @@ func NewRegistry(mode config.PassthroughAuth, opts ...Option) *Registry {
 // When ctx ends first, Authenticate returns ctx's error while the shared
 // verification carries on for the other callers.
 //
-// verify is kept by the verification, so it escapes: pass a func value made once (a field set to p.verifyPassthrough
+// verify is kept by the verification and the background check, so it
+// escapes: pass a func value made once (a field set to p.verifyPassthrough
 // at startup), not a method value written at the call, which would cost
 // the fast path an allocation per login.
 func (r *Registry) Authenticate(ctx context.Context, login Login, verify VerifyFunc) error {
@@ -214,6 +253,9 @@ func (r *Registry) Authenticate(ctx context.Context, login Login, verify VerifyF
 	i := r.shardIndex(login.Key)
 	if e, ok := r.snaps[i].Load().entries[login.Key]; ok {
 		if e.matches(login.Password) {
+			if !e.due.IsZero() {
+				r.maybeReverify(ctx, i, login.Key, e, verify)
+			}
 			return nil
 		}
 		if !r.allowChange {
@@ -271,6 +313,7 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 		if !r.limiter.reserve(key.User, login.ClientAddr, r.opts.now()) {
 			return nil, ErrThrottled
 		}
+		started := r.opts.now()
 		err := verify(detached, key, password)
 		if errors.Is(err, ErrRejected) {
 			// Keep the tokens: this is the failure they limit.
@@ -281,7 +324,7 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 		if err != nil {
 			return nil, err
 		}
-		return nil, r.store(i, key, password, epoch)
+		return nil, r.store(i, key, password, epoch, started)
 	})
 	if r.joinedFlight != nil {
 		r.joinedFlight()
@@ -304,13 +347,13 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 	}
 }
 
-// store publishes password as key's verified password, unless the shard
-// lost a key since epoch (then the caller is
+// store publishes password as key's verified password, verified at
+// started, unless the shard lost a key since epoch (then the caller is
 // admitted, as Postgres accepted the password, but nothing is remembered:
 // a reload may have removed the key). Without allow_change, a password
 // that another login verified and stored first wins, and this one gets
 // ErrPasswordMismatch.
-func (r *Registry) store(i int, key Key, password string, epoch uint64) error {
+func (r *Registry) store(i int, key Key, password string, epoch uint64, started time.Time) error {
 	sh := &r.shards[i]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -325,8 +368,18 @@ func (r *Registry) store(i int, key Key, password string, epoch uint64) error {
 			return ErrPasswordMismatch
 		}
 	}
-	r.replaceLocked(i, key, &entry{password: password, digest: sha256.Sum256([]byte(password))})
+	r.replaceLocked(i, key, r.newEntry(password, started))
 	return nil
+}
+
+// newEntry is a verified password, due for re-verification one interval
+// after verified (never when re-verification is off).
+func (r *Registry) newEntry(password string, verified time.Time) *entry {
+	e := &entry{password: password, digest: sha256.Sum256([]byte(password)), verified: verified}
+	if r.opts.reverifyInterval > 0 {
+		e.due = verified.Add(r.opts.reverifyInterval)
+	}
+	return e
 }
 
 // replaceLocked publishes a copy of shard i with key set to e, or removed
@@ -400,6 +453,28 @@ func (r *Registry) Forget(key Key) {
 	if !r.removeLocked(i, key, nil) {
 		sh.epoch++
 	}
+}
+
+// MarkStale tells the registry that Postgres refused password for key
+// (28P01) when the pool opened a server connection with it on its own, to
+// keep min_pool_size or replace a connection. If password is still key's
+// verified password, the entry is removed and MarkStale reports true: the
+// pool should stop opening connections for key until Password(key) returns
+// a password again (the next client login verifies one against Postgres
+// first). It reports false when the registry holds another password, or
+// none: a newer password was verified meanwhile (the pool may use it), or
+// the entry was already removed. Either way the pair goes into the
+// negative cache.
+func (r *Registry) MarkStale(key Key, password string) bool {
+	i := r.shardIndex(key)
+	sh := &r.shards[i]
+	sh.mu.Lock()
+	e, ok := r.snaps[i].Load().entries[key]
+	removed := ok && e.matches(password) && r.removeLocked(i, key, e)
+	sh.mu.Unlock()
+	// Postgres refused the pair, whether or not it is still the stored one.
+	sh.negative.add(r.mac(key, password), r.opts.now(), r.opts.negativeTTL)
+	return removed
 }
 
 // Keys lists the keys with a verified password, sorted by user then
