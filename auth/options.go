@@ -18,7 +18,8 @@ const (
 var DefaultFailureLimit = Limit{Burst: 5, Every: time.Second}
 
 // Limit is a token bucket of failed verifications: Burst of them at once,
-// then one more per Every. The zero Limit (Burst 0) means no limit.
+// then one more per Every. A Limit without a positive Burst and a
+// positive Every, the zero Limit for one, means no limit.
 type Limit struct {
 	Burst int
 	Every time.Duration

@@ -236,8 +236,9 @@ func (r *Registry) Close() {
 // attempts, and never delays a client presenting the verified password.
 // The price: while a user's bucket is empty, a correct password that still
 // needs verifying (a first login after a restart, a new password under
-// allow_change) is refused too, until the bucket refills; the client's
-// retry gets through once the flood stops or slows below the refill rate.
+// allow_change) is refused too (ErrThrottled). A retry gets through when
+// it finds a token: soon once the flood stops, by luck while it goes on.
+// Verification attempts are limited; the fast path always works.
 //
 // When ctx ends first, Authenticate returns ctx's error while the shared
 // verification carries on for the other callers.
