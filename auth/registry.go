@@ -127,6 +127,7 @@ type Registry struct {
 	bgWG     sync.WaitGroup
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
+	bgSlots  chan struct{} // one per running check, maxConcurrentReverifies
 
 	// joinedFlight, when set by a test, is called by Authenticate once it
 	// waits on a flight (leader or follower).
@@ -197,6 +198,7 @@ func NewRegistry(mode config.PassthroughAuth, opts ...Option) *Registry {
 	}
 	r.limiter.init(r.opts.userLimit, r.opts.addrLimit)
 	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
+	r.bgSlots = make(chan struct{}, maxConcurrentReverifies)
 	return r
 }
 

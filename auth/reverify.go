@@ -11,6 +11,12 @@ import (
 // a login wave while Postgres is down does not turn into a connect loop.
 const reverifyRetryDelay = 5 * time.Second
 
+// maxConcurrentReverifies bounds the background re-verifications running
+// at once, so a wave of entries falling due together (all verified in the
+// same login storm) does not become a wave of goroutines and connection
+// attempts. A due entry that finds no slot is checked on a later use.
+const maxConcurrentReverifies = 16
+
 // maybeReverify starts a background re-verification of e, key's entry in
 // shard i, if it is due and none runs yet. The login that calls it is
 // admitted from the snapshot meanwhile: a password changed or revoked in
@@ -26,6 +32,13 @@ func (r *Registry) maybeReverify(ctx context.Context, i int, key Key, e *entry, 
 		r.bgMu.Unlock()
 		return
 	}
+	select {
+	case r.bgSlots <- struct{}{}:
+	default:
+		r.bgMu.Unlock()
+		e.checking.Store(false)
+		return
+	}
 	r.bgWG.Add(1)
 	r.bgMu.Unlock()
 
@@ -35,6 +48,7 @@ func (r *Registry) maybeReverify(ctx context.Context, i int, key Key, e *entry, 
 	stop := context.AfterFunc(r.bgCtx, cancel)
 	go func() {
 		defer r.bgWG.Done()
+		defer func() { <-r.bgSlots }()
 		defer cancel()
 		defer stop()
 		r.reverify(ctx, i, key, e, verify)

@@ -3,7 +3,9 @@ package auth
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,4 +263,51 @@ func TestMarkStale(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestReverifyBounded(t *testing.T) {
+	// More due entries than slots: the checks beyond the bound are not
+	// started (the logins are admitted all the same) and happen on a
+	// later use.
+	const users = maxConcurrentReverifies + 4
+	ctx := context.Background()
+	clock := newFakeClock()
+	r := newRegistry(t, config.PassthroughEnabled, withClock(clock.Now), WithReverifyInterval(testInterval))
+	var calls atomic.Int64
+	gate := make(chan struct{})
+	verify := func(ctx context.Context, _ Key, _ string) error {
+		if calls.Add(1) > users { // the first logins are not gated
+			select {
+			case <-gate:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	}
+	keys := make([]Key, users)
+	for i := range keys {
+		keys[i] = Key{User: fmt.Sprint("user", i), Database: "app"}
+		if err := r.Authenticate(ctx, Login{Key: keys[i], Password: "pencil"}, verify); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(testInterval)
+	for _, key := range keys {
+		if err := r.Authenticate(ctx, Login{Key: key, Password: "pencil"}, verify); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the checks to start", func() bool { return calls.Load() == users+maxConcurrentReverifies })
+	close(gate)
+	waitFor(t, "the checks to finish", func() bool { return len(r.bgSlots) == 0 })
+	if got := calls.Load(); got != users+maxConcurrentReverifies {
+		t.Fatalf("verify calls = %d, want %d + at most %d checks", got, users, maxConcurrentReverifies)
+	}
+	// The others are checked on their next use.
+	for _, key := range keys {
+		if err := r.Authenticate(ctx, Login{Key: key, Password: "pencil"}, verify); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the remaining checks", func() bool { return calls.Load() == 2*users })
 }
