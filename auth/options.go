@@ -33,8 +33,10 @@ type options struct {
 	negativeTTL      time.Duration
 	userLimit        Limit
 	addrLimit        Limit
-	// now is the clock; tests replace it.
-	now func() time.Time
+	// now is the clock; tests replace it (clockInjected), and then the
+	// fast path reads it too instead of the coarse clock.
+	now           func() time.Time
+	clockInjected bool
 }
 
 func defaultOptions() options {
@@ -69,5 +71,5 @@ func WithFailureLimits(perUser, perAddress Limit) Option {
 
 // withClock replaces time.Now, for tests.
 func withClock(now func() time.Time) Option {
-	return func(o *options) { o.now = now }
+	return func(o *options) { o.now, o.clockInjected = now, true }
 }

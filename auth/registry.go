@@ -129,6 +129,12 @@ type Registry struct {
 	bgCancel context.CancelFunc
 	bgSlots  chan struct{} // one per running check, maxConcurrentReverifies
 
+	// The fast path's clock for due times: nanoseconds since base,
+	// advanced every coarseTick by a ticker (see fastNow).
+	base       time.Time
+	coarse     atomic.Int64
+	coarseTick time.Duration
+
 	// joinedFlight, when set by a test, is called by Authenticate once it
 	// waits on a flight (leader or follower).
 	joinedFlight func()
@@ -160,9 +166,10 @@ type entry struct {
 	// verified is when the verification that stored the password, or
 	// last confirmed it, began.
 	verified time.Time
-	// due is when the password is to be checked against Postgres again;
-	// zero when re-verification is off.
-	due time.Time
+	// due is when the password is to be checked against Postgres again,
+	// on the registry's clock (see fastNow); 0 when re-verification is
+	// off.
+	due int64
 	// checking is set while a background re-verification of this entry
 	// runs, so there is at most one per key.
 	checking atomic.Bool
@@ -199,11 +206,15 @@ func NewRegistry(mode config.PassthroughAuth, opts ...Option) *Registry {
 	r.limiter.init(r.opts.userLimit, r.opts.addrLimit)
 	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
 	r.bgSlots = make(chan struct{}, maxConcurrentReverifies)
+	r.base = r.opts.now()
+	if r.opts.reverifyInterval > 0 && !r.opts.clockInjected {
+		r.startCoarseClock(max(min(coarseClockTick, r.opts.reverifyInterval/4), time.Millisecond))
+	}
 	return r
 }
 
-// Close cancels the background re-verifications in flight and waits for
-// them to return. Authenticate keeps working afterwards, without starting
+// Close cancels the background re-verifications in flight, stops the
+// coarse clock, and waits for them to return. Authenticate keeps working afterwards, without starting
 // new ones.
 func (r *Registry) Close() {
 	r.bgMu.Lock()
@@ -256,7 +267,7 @@ func (r *Registry) Authenticate(ctx context.Context, login Login, verify VerifyF
 	i := r.shardIndex(login.Key)
 	if e, ok := r.snaps[i].Load().entries[login.Key]; ok {
 		if e.matches(login.Password) {
-			if !e.due.IsZero() {
+			if e.due != 0 {
 				r.maybeReverify(ctx, i, login.Key, e, verify)
 			}
 			return nil
@@ -269,15 +280,12 @@ func (r *Registry) Authenticate(ctx context.Context, login Login, verify VerifyF
 }
 
 // shardIndex picks key's shard with a seeded hash, without allocating.
-// The NUL between the parts cannot occur in either (startup parameters are
-// NUL-terminated), so ("ab", "c") and ("a", "bc") hash apart.
+// The parts are hashed apart and combined with an odd multiplier, so
+// ("ab", "c") and ("a", "bc"), or (x, y) and (y, x), share a shard only
+// by chance. (One maphash.Hash over both parts costs half as much again.)
 func (r *Registry) shardIndex(key Key) int {
-	var h maphash.Hash
-	h.SetSeed(r.seed)
-	h.WriteString(key.User)
-	h.WriteByte(0)
-	h.WriteString(key.Database)
-	return int(h.Sum64() % numShards)
+	h := maphash.String(r.seed, key.User) ^ maphash.String(r.seed, key.Database)*0x9e3779b97f4a7c15
+	return int(h % numShards)
 }
 
 // matches compares password with e's in constant time, without allocating.
@@ -380,7 +388,7 @@ func (r *Registry) store(i int, key Key, password string, epoch uint64, started 
 func (r *Registry) newEntry(password string, verified time.Time) *entry {
 	e := &entry{password: password, digest: sha256.Sum256([]byte(password)), verified: verified}
 	if r.opts.reverifyInterval > 0 {
-		e.due = verified.Add(r.opts.reverifyInterval)
+		e.due = r.since(verified.Add(r.opts.reverifyInterval))
 	}
 	return e
 }

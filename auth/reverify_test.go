@@ -45,7 +45,7 @@ func TestReverifyAcceptedRefreshes(t *testing.T) {
 	}
 	waitFor(t, "the entry to be refreshed", func() bool { return r.entryOf(alice) != first })
 	e := r.entryOf(alice)
-	if pg.calls.Load() != 2 || !e.verified.Equal(clock.Now()) || !e.due.Equal(clock.Now().Add(testInterval)) || e.password != "pencil" {
+	if pg.calls.Load() != 2 || !e.verified.Equal(clock.Now()) || e.due != r.since(clock.Now().Add(testInterval)) || e.password != "pencil" {
 		t.Fatalf("after re-verification: calls %d, verified %v, due %v", pg.calls.Load(), e.verified, e.due)
 	}
 	if err := r.Authenticate(ctx, Login{Key: alice, Password: "pencil"}, pg.verify); err != nil || pg.calls.Load() != 2 {
@@ -310,4 +310,28 @@ func TestReverifyBounded(t *testing.T) {
 		}
 	}
 	waitFor(t, "the remaining checks", func() bool { return calls.Load() == 2*users })
+}
+
+func TestReverifyCoarseClock(t *testing.T) {
+	// The production clock: a short interval makes the ticker tick every
+	// interval/4, and a due entry is checked on a use soon after.
+	ctx := context.Background()
+	r := newRegistry(t, config.PassthroughEnabled, WithReverifyInterval(40*time.Millisecond))
+	if r.coarseTick != 10*time.Millisecond {
+		t.Fatalf("coarse tick = %v, want 10ms", r.coarseTick)
+	}
+	pg := newFakePostgres(r, "alice", "pencil")
+	login := Login{Key: alice, Password: "pencil"}
+	if err := r.Authenticate(ctx, login, pg.verify); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a use to re-verify", func() bool {
+		if err := r.Authenticate(ctx, login, pg.verify); err != nil {
+			t.Fatal(err)
+		}
+		return pg.calls.Load() >= 2
+	})
+	if NewRegistry(config.PassthroughEnabled, WithReverifyInterval(0)).coarseTick != 0 {
+		t.Fatal("a coarse clock runs with re-verification off")
+	}
 }
