@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -396,11 +397,8 @@ func (r *Registry) newEntry(password string, verified time.Time) *entry {
 // replaceLocked publishes a copy of shard i with key set to e, or removed
 // when e is nil. The shard's mu must be held.
 func (r *Registry) replaceLocked(i int, key Key, e *entry) {
-	old := r.snaps[i].Load().entries
-	entries := make(map[Key]*entry, len(old)+1)
-	for k, v := range old {
-		entries[k] = v
-	}
+	// maps.Clone copies the table as it is, without rehashing each key.
+	entries := maps.Clone(r.snaps[i].Load().entries)
 	if e == nil {
 		delete(entries, key)
 	} else {
