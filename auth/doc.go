@@ -25,13 +25,19 @@
 // load time too.
 //
 // Passthrough users (passthrough_auth) send their password in clear
-// (ReadCleartextPassword) and are admitted by a Registry: an atomic pointer
-// to an immutable snapshot of the passwords Postgres has accepted, so the
-// common case, a known user with the known password, takes no lock and
-// allocates nothing. A password the registry does not know is verified
-// against Postgres, by a function the pooler provides, before it is admitted.
+// (ReadCleartextPassword) and are admitted by a Registry: immutable
+// snapshots of the passwords Postgres has accepted, split into shards each
+// behind an atomic pointer, so the common case, a known user with the
+// known password, takes no lock and allocates nothing, and a write copies
+// one shard. A password the registry does not know is verified against
+// Postgres, by a function the pooler provides, before it is admitted;
+// passwords Postgres rejected are remembered briefly (a negative cache),
+// failed verifications are limited per user and per client address, and a
+// stored password is checked against Postgres again, in the background,
+// once it is older than the reverify interval.
 //
-// Errors: ErrPasswordMismatch (the client gets FATAL 28P01), ErrProtocol (the
+// Errors: ErrPasswordMismatch (the client gets FATAL 28P01), ErrThrottled
+// (wraps ErrPasswordMismatch: 28P01 too, counted apart), ErrProtocol (the
 // client broke the exchange: FATAL 08P01), ErrUnusableSecret (configuration:
 // logged, and the client gets 28P01). Passwords never appear in errors or in
 // the String form of any value of this package.

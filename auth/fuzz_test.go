@@ -1,8 +1,11 @@
 package auth
 
 import (
+	"bytes"
+	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -144,6 +147,118 @@ func FuzzPasswordExchange(f *testing.F) {
 		got, err := ReadCleartextPassword(newFakeConn(raw(msgType, body)))
 		if err == nil && (msgType != 'p' || got+"\x00" != string(body) || got == "") {
 			t.Fatalf("ReadCleartextPassword(%q) = %q", body, got)
+		}
+	})
+}
+
+// FuzzParsePasswordMessage checks parsePasswordMessage against its
+// definition (exactly one NUL, at the end) and against pgproto3's
+// decoder. The corpus in testdata holds PasswordMessages captured from
+// pgx and psql (cleartext and md5 answers).
+func FuzzParsePasswordMessage(f *testing.F) {
+	for _, seed := range []string{"pencil\x00", "\x00", "", "pencil", "pen\x00cil\x00", "\x00\x00", "crayón ü\u00a0!\x00", "\xff\xfe\x00"} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, err := parsePasswordMessage(body)
+		valid := len(body) > 0 && strings.IndexByte(string(body), 0) == len(body)-1
+		if (err == nil) != valid {
+			t.Fatalf("parsePasswordMessage(%q): err = %v, want valid = %v", body, err, valid)
+		}
+		if err != nil {
+			if !errors.Is(err, ErrProtocol) {
+				t.Fatalf("error %v does not wrap ErrProtocol", err)
+			}
+			// The text must not depend on the input (it is a password).
+			if _, errNil := parsePasswordMessage(nil); err.Error() != errNil.Error() {
+				t.Fatalf("error %q depends on the message", err)
+			}
+			return
+		}
+		var msg pgproto3.PasswordMessage
+		if err := msg.Decode(body); err != nil || msg.Password != got {
+			t.Fatalf("pgproto3 decodes %q as %q (%v), we as %q", body, msg.Password, err, got)
+		}
+	})
+}
+
+// FuzzParseSASLInitialResponse checks that whatever parseSASLInitialResponse
+// accepts is a well-formed message: encoding the result again with pgproto3
+// gives back the input (or, for a declared length of -1, the input with
+// that length written as 0). The corpus in testdata holds the messages pgx
+// and psql send.
+func FuzzParseSASLInitialResponse(f *testing.F) {
+	initial := func(mech, data string) []byte {
+		_, body := frontendBody(f, &pgproto3.SASLInitialResponse{AuthMechanism: mech, Data: []byte(data)})
+		return body
+	}
+	for _, seed := range [][]byte{
+		initial("SCRAM-SHA-256", "n,,n=,r=rOprNGfwEbeRWgbNEkqO"),
+		initial("SCRAM-SHA-256-PLUS", "p=tls-server-end-point,,n=,r=abc"),
+		initial("", ""),
+		[]byte("SCRAM-SHA-256\x00\xff\xff\xff\xff"),
+		[]byte("SCRAM-SHA-256\x00\x00\x00\x00\x05n,,n="),
+		[]byte("SCRAM-SHA-256\x00\x00\x00\x00\x03n,,n="),
+		[]byte("SCRAM-SHA-256\x00\x7f\xff\xff\xff"),
+		[]byte("SCRAM-SHA-256"),
+		[]byte("\x00"),
+		nil,
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		mech, data, err := parseSASLInitialResponse(body)
+		if err != nil {
+			if !errors.Is(err, ErrProtocol) {
+				t.Fatalf("error %v does not wrap ErrProtocol", err)
+			}
+			return
+		}
+		_, again := frontendBody(t, &pgproto3.SASLInitialResponse{AuthMechanism: mech, Data: []byte(data)})
+		want := body
+		if len(data) == 0 && strings.HasSuffix(string(body), "\xff\xff\xff\xff") {
+			want = append(bytes.Clone(body[:len(body)-4]), 0, 0, 0, 0)
+		}
+		if !bytes.Equal(again, want) {
+			t.Fatalf("parsed %q as (%q, %q), which encodes as %q", body, mech, data, again)
+		}
+	})
+}
+
+// FuzzRegistryAuthenticate presents arbitrary (user, database, password)
+// triples to a registry that knows alice@app's password and a Postgres
+// that accepts nothing else: only that exact triple may be admitted, and
+// a refusal is one of the sentinels, whose text shows nothing.
+func FuzzRegistryAuthenticate(f *testing.F) {
+	for _, seed := range [][3]string{
+		{"alice", "app", "pencil"}, {"alice", "app", "pencil\x00"}, {"alice", "app", "Pencil"},
+		{"alice", "app", ""}, {"alice", "ap", "pencil"}, {"alic", "eapp", "pencil"},
+		{"alice\x00", "app", "pencil"}, {"", "", ""}, {"bob", "app", "crayón ü\u00a0!"},
+	} {
+		f.Add(seed[0], seed[1], seed[2])
+	}
+	r := NewRegistry(config.PassthroughEnabledAllowChange, WithReverifyInterval(0))
+	f.Cleanup(r.Close)
+	verify := func(_ context.Context, key Key, password string) error {
+		if key == alice && password == "pencil" {
+			return nil
+		}
+		return fmt.Errorf("password authentication failed (SQLSTATE 28P01): %w", ErrRejected)
+	}
+	if err := r.Authenticate(context.Background(), Login{Key: alice, Password: "pencil"}, verify); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, user, database, password string) {
+		login := Login{Key: Key{User: user, Database: database}, Password: password}
+		err := r.Authenticate(context.Background(), login, verify)
+		right := login.Key == alice && password == "pencil"
+		if (err == nil) != right {
+			t.Fatalf("Authenticate(%s) = %v, want admitted = %v", login, err, right)
+		}
+		// Only the sentinels themselves: their text cannot show the
+		// password.
+		if err != nil && err != ErrPasswordMismatch && err != ErrThrottled {
+			t.Fatalf("Authenticate(%s): unexpected error: %v", login, err)
 		}
 	})
 }
