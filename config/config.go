@@ -123,16 +123,16 @@ type General struct {
 	// "enabled_allow_change" are not in effect yet (they need client TLS).
 	PassthroughAuth PassthroughAuth `toml:"passthrough_auth" restart:"true"`
 
-	ConnectTimeout                 Milliseconds `toml:"connect_timeout"`                    // default 5000; at least 1
-	CheckoutTimeout                Milliseconds `toml:"checkout_timeout"`                   // default 5000; at least 1
-	ClientLoginTimeout             Milliseconds `toml:"client_login_timeout"`               // default 60000; at least 1
-	QueryTimeout                   Milliseconds `toml:"query_timeout"`                      // default 0 = none; not in effect yet
-	ClientIdleInTransactionTimeout Milliseconds `toml:"client_idle_in_transaction_timeout"` // default 0 = none; not in effect yet
-	IdleTimeout                    Milliseconds `toml:"idle_timeout"`                       // default 60000; 0 = idle server connections are kept
-	ServerLifetime                 Milliseconds `toml:"server_lifetime"`                    // default 86400000; 0 = unlimited
-	ShutdownTimeout                Milliseconds `toml:"shutdown_timeout"`                   // default 60000; 0 = do not wait for transactions
-	RollbackTimeout                Milliseconds `toml:"rollback_timeout"`                   // default 5000; at least 1
-	PassthroughReverifyInterval    Milliseconds `toml:"passthrough_reverify_interval"`      // extension, default 60000; 0 = never; not in effect yet
+	ConnectTimeout                 Milliseconds `toml:"connect_timeout"`                              // default 5000; at least 1
+	CheckoutTimeout                Milliseconds `toml:"checkout_timeout"`                             // default 5000; at least 1
+	ClientLoginTimeout             Milliseconds `toml:"client_login_timeout"`                         // default 60000; at least 1
+	QueryTimeout                   Milliseconds `toml:"query_timeout"`                                // default 0 = none; not in effect yet
+	ClientIdleInTransactionTimeout Milliseconds `toml:"client_idle_in_transaction_timeout"`           // default 0 = none; not in effect yet
+	IdleTimeout                    Milliseconds `toml:"idle_timeout"`                                 // default 60000; 0 = idle server connections are kept
+	ServerLifetime                 Milliseconds `toml:"server_lifetime"`                              // default 86400000; 0 = unlimited
+	ShutdownTimeout                Milliseconds `toml:"shutdown_timeout"`                             // default 60000; 0 = do not wait for transactions
+	RollbackTimeout                Milliseconds `toml:"rollback_timeout"`                             // default 5000; at least 1
+	PassthroughReverifyInterval    Milliseconds `toml:"passthrough_reverify_interval" restart:"true"` // extension, default 60000; 0 = never; read when the registry is made
 
 	MaxClientConnections int `toml:"max_client_connections"` // extension, default 0 = limited only by file descriptors
 

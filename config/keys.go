@@ -111,8 +111,6 @@ var notInEffect = []PlannedKey{
 	{Key: "general.query_timeout", Default: `0`, Why: "queries are not timed out yet"},
 	{Key: "general.client_idle_in_transaction_timeout", Default: `0`,
 		Why: "clients idle in a transaction are not timed out yet"},
-	{Key: "general.passthrough_reverify_interval", Default: `60000`,
-		Why: "a verified passthrough password is not re-verified against Postgres yet"},
 	{Key: "general.passthrough_auth", Default: `"disabled"`,
 		NotYet: map[string]string{
 			`"enabled"`:              `"enabled_plain" to accept cleartext passwords without TLS`,

@@ -18,7 +18,6 @@ var notInEffectRejected = map[string][]string{
 	"general.tls_server_ca_certificate":          {`"ca.crt"`},
 	"general.query_timeout":                      {`1`, `30000`},
 	"general.client_idle_in_transaction_timeout": {`1`, `60000`},
-	"general.passthrough_reverify_interval":      {`0`, `1`, `60001`},
 	"general.passthrough_auth":                   {`"enabled"`, `"enabled_allow_change"`},
 	"general.prepared_statements":                {`"extended"`},
 }

@@ -31,6 +31,9 @@ type Pooler struct {
 	log      *zap.Logger
 	recorder LoginRecorder
 	registry *auth.Registry
+	// verify is p.verifyPassthrough, made once: a method value written at
+	// each Authenticate call would escape and allocate per login.
+	verify auth.VerifyFunc
 
 	// state is the running configuration with what was derived from it;
 	// Reload replaces it as a whole.
@@ -83,15 +86,17 @@ func New(cfg *config.Config, log *zap.Logger, recorder LoginRecorder) (*Pooler, 
 		return nil, err
 	}
 	p := &Pooler{
-		log:            log,
-		recorder:       recorder,
-		registry:       auth.NewRegistry(cfg.General.PassthroughAuth),
+		log:      log,
+		recorder: recorder,
+		registry: auth.NewRegistry(cfg.General.PassthroughAuth,
+			auth.WithReverifyInterval(cfg.General.PassthroughReverifyInterval.Duration())),
 		pools:          make(map[poolKey]*Pool),
 		sessions:       make(map[uint32]*session),
 		databaseHealth: make(map[string]*databaseHealth),
 		connectSlots:   make(chan struct{}, maxConcurrentServerConnects),
 		done:           make(chan struct{}),
 	}
+	p.verify = p.verifyPassthrough
 	p.loginSlots = newLoginSlots(cfg.General.MaxLoginsInProgress)
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.state.Store(state)
@@ -218,6 +223,7 @@ wait:
 		}
 	}
 	p.wg.Wait()
+	p.registry.Close() // ends background re-verifications
 	p.poolsMu.Lock()
 	for key, pool := range p.pools {
 		pool.close()
@@ -295,7 +301,14 @@ func (p *Pooler) newPool(state *runtimeState, key poolKey) (*Pool, bool) {
 			}
 			e.password = password
 		}
-		return p.openServer(ctx, e)
+		sc, err := p.openServer(ctx, e)
+		if passthrough && errors.Is(err, auth.ErrRejected) {
+			// Postgres no longer accepts the stored password: drop it, so
+			// refills fail locally ("no verified password") until a client
+			// login verifies a new one, instead of retrying it on Postgres.
+			p.registry.MarkStale(registryKey, e.password)
+		}
+		return sc, err
 	}
 	pool := newPool(key, settings, connect)
 	pool.endpoint = endpoint

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -434,7 +435,8 @@ func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
 			defer cancel()
 		}
 		key := auth.Key{User: s.user, Database: s.database}
-		err = s.pooler.registry.Authenticate(ctx, key, password, s.pooler.verifyPassthrough)
+		login := auth.Login{Key: key, Password: password, ClientAddr: remoteIP(s.conn.RemoteAddr())}
+		err = s.pooler.registry.Authenticate(ctx, login, s.pooler.verify)
 		switch {
 		case err == nil:
 			return nil
@@ -593,4 +595,13 @@ func (p *Pooler) cancelRequest(processID uint32, secret []byte) {
 		}
 	}
 	target.mu.Unlock()
+}
+
+// remoteIP is the IP of a TCP peer, for the per-address limit on failed
+// passthrough verifications; the zero Addr for anything else (Unix sockets).
+func remoteIP(addr net.Addr) netip.Addr {
+	if tcp, ok := addr.(*net.TCPAddr); ok {
+		return tcp.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
 }
