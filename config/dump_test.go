@@ -188,7 +188,7 @@ func TestRestartKeys(t *testing.T) {
 			got = append(got, f.key)
 		}
 	}
-	want := []string{"host", "port", "workers", "listen_backlog", "passthrough_auth", "max_logins_in_progress", "openmetrics_port",
+	want := []string{"host", "port", "workers", "listen_backlog", "passthrough_auth", "passthrough_reverify_interval", "max_logins_in_progress", "openmetrics_port",
 		"openmetrics_host", "openmetrics_namespace", "healthcheck_port", "log_level", "log_format"}
 	if !slices.Equal(got, want) {
 		t.Errorf("restart keys = %q, want %q", got, want)
