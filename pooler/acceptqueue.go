@@ -15,8 +15,8 @@ import (
 // it is FIFO: in a wave above capacity every connection in it waits the
 // whole queue, so all of them end up late together. The sizer keeps the
 // queue to the logins pgtender completes in half of login_queue_max_age
-// (its target wait), measured over the last second, whenever logins had to
-// wait for a slot during the last tick. The kernel then drops the SYNs of
+// (its target wait), measured over the last second, while logins have had
+// to wait for a slot within the last second. The kernel then drops the SYNs of
 // the excess (counted in listen_overflows_total); their clients retry the
 // SYN after a second or three, and most of them are then served in time,
 // where a userspace refusal would have cost pgtender an accept, a read, a
@@ -33,6 +33,30 @@ const (
 	// connections for the shedding accept loop to refuse with an error.
 	minAcceptQueue = 16
 )
+
+// standingQueue says whether logins are queueing for slots: they waited
+// for one within the last queueSizerWindow ticks. A single quiet tick is
+// not enough to clear it. In a wave, slots free up for a moment now and
+// then (and a process whose CPU quota ran out thaws with its slots free);
+// were the queue reopened to listen_backlog at each such moment, the kernel
+// would take in up to listen_backlog connections at once, more than can be
+// served before their clients give up (measured: with listen_backlog 4096
+// the sizer flipped every 100-300 ms in a 3 C wave).
+type standingQueue struct {
+	quietTicks int // consecutive ticks in which no login waited
+}
+
+func newStandingQueue() standingQueue { return standingQueue{quietTicks: queueSizerWindow} }
+
+// observe records one tick and reports whether the queue is standing.
+func (q *standingQueue) observe(waited bool) bool {
+	if waited {
+		q.quietTicks = 0
+	} else if q.quietTicks < queueSizerWindow {
+		q.quietTicks++
+	}
+	return q.quietTicks < queueSizerWindow
+}
 
 // acceptQueueSize is the backlog for each of sockets listening sockets:
 // endedPerSecond logins completing per second, a target wait of wait, at
@@ -57,6 +81,7 @@ func (p *Pooler) acceptQueueSizer() {
 	next := 0
 	lastEnded := p.loginSlots.ended.Load()
 	current := p.effectiveBacklog
+	standing := newStandingQueue()
 	for {
 		select {
 		case <-p.done:
@@ -72,7 +97,7 @@ func (p *Pooler) acceptQueueSizer() {
 			total += n
 		}
 		perSecond := float64(total) / (queueSizerWindow * queueSizerTick).Seconds()
-		saturated := p.loginSlots.waited.Swap(false)
+		saturated := standing.observe(p.loginSlots.waited.Swap(false))
 		wait := p.state.Load().cfg.General.LoginQueueMaxAge.Duration() / 2
 		size := acceptQueueSize(perSecond, saturated, wait, len(p.listeners), p.effectiveBacklog)
 		if size == current || p.draining.Load() {

@@ -1,24 +1,46 @@
 package pooler
 
 import (
+	"sync"
 	"testing"
 	"time"
 )
 
 // fakeTimers is a clock for admissionPolicy whose timers fire only when the
-// test says so.
+// test says so. Its time moves only when a timer starts: by the timer's
+// length plus late, as if the timer were going to fire that late.
 type fakeTimers struct {
 	fire  chan time.Time
 	armed chan struct{} // receives once per timer started
+
+	mu    sync.Mutex
+	clock time.Time
+	late  time.Duration
 }
 
 func newFakeTimers() *fakeTimers {
-	return &fakeTimers{fire: make(chan time.Time, 2), armed: make(chan struct{}, 16)}
+	return &fakeTimers{fire: make(chan time.Time, 2), armed: make(chan struct{}, 64)}
 }
 
-func (f *fakeTimers) newTimer(time.Duration) (<-chan time.Time, func() bool) {
+func (f *fakeTimers) newTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	f.mu.Lock()
+	f.clock = f.clock.Add(d + f.late)
+	f.mu.Unlock()
 	f.armed <- struct{}{}
 	return f.fire, func() bool { return true }
+}
+
+func (f *fakeTimers) now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.clock
+}
+
+// setLate makes the timers started from now on fire late by d.
+func (f *fakeTimers) setLate(d time.Duration) {
+	f.mu.Lock()
+	f.late = d
+	f.mu.Unlock()
 }
 
 // expire makes the pending (or next) timer fire.
@@ -28,6 +50,7 @@ func newTestPolicy(slots int) (*admissionPolicy, *fakeTimers) {
 	timers := newFakeTimers()
 	policy := newAdmissionPolicy(newLoginSlots(slots))
 	policy.newTimer = timers.newTimer
+	policy.now = timers.now
 	return policy, timers
 }
 
@@ -229,5 +252,62 @@ func TestAcceptQueueSize(t *testing.T) {
 		if got := acceptQueueSize(c.perSecond, c.saturated, c.wait, c.sockets, 4096); got != c.want {
 			t.Errorf("%s: %d, want %d", c.name, got, c.want)
 		}
+	}
+}
+
+func TestStandingQueueNeedsAQuietSecondToClear(t *testing.T) {
+	q := newStandingQueue()
+	if q.observe(false) {
+		t.Fatal("standing before any login waited")
+	}
+	if !q.observe(true) {
+		t.Fatal("not standing in the tick a login waited")
+	}
+	for tick := 1; tick < queueSizerWindow; tick++ {
+		if !q.observe(false) {
+			t.Fatalf("cleared after %d quiet ticks, want %d", tick, queueSizerWindow)
+		}
+	}
+	if q.observe(false) {
+		t.Fatalf("still standing after %d quiet ticks", queueSizerWindow)
+	}
+	// A lull inside a wave does not reopen the queue.
+	q.observe(true)
+	q.observe(false)
+	if !q.observe(true) {
+		t.Fatal("a one-tick lull cleared the queue")
+	}
+}
+
+func TestAdmissionStarvedTimersDoNotShed(t *testing.T) {
+	policy, timers := newTestPolicy(2)
+	holdAll(policy.slots)
+	never := make(chan struct{})
+	// Every timer fires 80 ms late, as in a process frozen for most of
+	// each CFS period: no login ends, yet that is no evidence of a stall.
+	timers.setLate(80 * time.Millisecond)
+	took := make(chan bool)
+	go func() { took <- policy.beforeAccept(50*time.Millisecond, never) }()
+	for range 6 {
+		<-timers.armed
+		timers.expire()
+	}
+	<-timers.armed // still waiting: a seventh wait began
+	if policy.shedding {
+		t.Fatal("shedding after starved waits")
+	}
+	// The process gets its CPU back and the slots still do not free: now
+	// it is a stall (the target, then the confirming wait).
+	timers.setLate(0)
+	timers.expire() // the wait armed while late
+	<-timers.armed
+	timers.expire() // the target, on time
+	<-timers.armed
+	timers.expire() // the confirming wait, on time
+	if <-took {
+		t.Fatal("took a slot although all were held")
+	}
+	if !policy.shedding {
+		t.Fatal("not shedding after on-time waits saw no login end")
 	}
 }

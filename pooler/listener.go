@@ -174,10 +174,10 @@ func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
 		switch admission.afterAccept(haveSlot, age, ageKnown, maxAge) {
 		case shedNoSlot:
 			p.wg.Add(1)
-			go p.shed(conn, ShedNoLoginSlot)
+			go p.shed(conn, ShedNoLoginSlot, age, ageKnown)
 		case shedQueueAge:
 			p.wg.Add(1)
-			go p.shed(conn, ShedQueueAge)
+			go p.shed(conn, ShedQueueAge, age, ageKnown)
 		default:
 			p.wg.Add(1)
 			go p.serveConn(conn)
