@@ -83,7 +83,19 @@ type loginSlots struct {
 	// waited is set when an accept loop found every slot taken; the queue
 	// sizer reads and clears it each tick.
 	waited atomic.Bool
+	// serverWaits counts logins holding a slot that are waiting on
+	// Postgres (a passthrough verification, a cold pool's first server
+	// connection). Slots held that way are not stalled: each such wait ends
+	// within connect_timeout or checkout_timeout, and a refusal would tell
+	// clients pgtender is overloaded when Postgres is slow. Measured: 50
+	// clients logging in at once to a cold pool under load were refused
+	// with 53300 while the first server connections opened.
+	serverWaits atomic.Int64
 }
+
+// serverWaitBegin and serverWaitEnd bracket a login's wait on Postgres.
+func (s *loginSlots) serverWaitBegin() { s.serverWaits.Add(1) }
+func (s *loginSlots) serverWaitEnd()   { s.serverWaits.Add(-1) }
 
 func newLoginSlots(n int) *loginSlots {
 	if n <= 0 {
@@ -148,7 +160,8 @@ func newAdmissionPolicy(slots *loginSlots) *admissionPolicy {
 // a free slot and reports whether it took one. It waits as long as logins
 // keep ending (another loop may win the slot each one frees); when a whole
 // target, and a short wait to confirm it, pass with every slot held and no
-// login ending (or done closes), the loop starts shedding. A wait whose
+// login ending and none waiting on Postgres (or done closes), the loop
+// starts shedding. A wait whose
 // timer fired late by more than half its length proves nothing: the loop
 // could not run when it was due, so the process was starved of CPU (its
 // cgroup quota spent, or a loaded machine) and so were the logins it
@@ -188,6 +201,12 @@ func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{
 		if late := a.now().Sub(started) - wait; late > wait/2 {
 			// Starved, not stalled (measured: under a 20% CPU quota a
 			// 64-client closed loop was refused 66 times without this).
+			wait, confirming = target, false
+			continue
+		}
+		if a.slots.serverWaits.Load() > 0 {
+			// Logins are waiting on Postgres, not on their clients: a
+			// queue behind a slow server, bounded by its timeouts.
 			wait, confirming = target, false
 			continue
 		}

@@ -311,3 +311,31 @@ func TestAdmissionStarvedTimersDoNotShed(t *testing.T) {
 		t.Fatal("not shedding after on-time waits saw no login end")
 	}
 }
+
+func TestAdmissionLoginsWaitingOnPostgresAreNotAStall(t *testing.T) {
+	policy, timers := newTestPolicy(2)
+	holdAll(policy.slots)
+	never := make(chan struct{})
+	policy.slots.serverWaitBegin() // a login holding a slot waits on Postgres
+	took := make(chan bool)
+	go func() { took <- policy.beforeAccept(50*time.Millisecond, never) }()
+	for range 4 {
+		<-timers.armed
+		timers.expire()
+	}
+	<-timers.armed // still waiting: no login ended, but one waits on Postgres
+	if policy.shedding {
+		t.Fatal("shedding while a login waits on Postgres")
+	}
+	// The wait on Postgres ends, and still no login ends: a stall.
+	policy.slots.serverWaitEnd()
+	timers.expire() // the target
+	<-timers.armed
+	timers.expire() // the confirming wait
+	if <-took {
+		t.Fatal("took a slot although all were held")
+	}
+	if !policy.shedding {
+		t.Fatal("not shedding once no login waited on Postgres and none ended")
+	}
+}

@@ -369,7 +369,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	s.mode = pool.settings.Load().mode
 	s.mu.Unlock()
 	ctx, cancel := s.checkoutContext(deadline)
-	params, err := pool.parameters(ctx)
+	params, err := s.poolParameters(ctx, pool)
 	cancel()
 	// A cold pool makes the client wait for the first server connection;
 	// a client that gave up meanwhile is an abandoned login, not a
@@ -436,7 +436,7 @@ func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
 		}
 		key := auth.Key{User: s.user, Database: s.database}
 		login := auth.Login{Key: key, Password: password, ClientAddr: remoteIP(s.conn.RemoteAddr())}
-		err = s.pooler.registry.Authenticate(ctx, login, s.pooler.verify)
+		err = s.verifyPassthrough(ctx, login)
 		switch {
 		case err == nil:
 			return nil
@@ -462,6 +462,24 @@ func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
 		return s.authExchangeError(err)
 	}
 	return nil
+}
+
+// verifyPassthrough checks a passthrough password with the registry, which
+// may ask Postgres. The wait is marked as a wait on Postgres for admission
+// control (loginSlots.serverWaits), panics included.
+func (s *session) verifyPassthrough(ctx context.Context, login auth.Login) error {
+	s.pooler.loginSlots.serverWaitBegin()
+	defer s.pooler.loginSlots.serverWaitEnd()
+	return s.pooler.registry.Authenticate(ctx, login, s.pooler.verify)
+}
+
+// poolParameters waits for the pool's server parameters (a cold pool's
+// first server connection), marked as a wait on Postgres like
+// verifyPassthrough.
+func (s *session) poolParameters(ctx context.Context, pool *Pool) ([]serverParameter, error) {
+	s.pooler.loginSlots.serverWaitBegin()
+	defer s.pooler.loginSlots.serverWaitEnd()
+	return pool.parameters(ctx)
 }
 
 func (s *session) authExchangeError(err error) error {
