@@ -135,13 +135,21 @@ func TestClientTLS(t *testing.T) {
 	}
 }
 
-func TestClientTLSRequired(t *testing.T) {
+// newRequiredTLSHarness is a harness with client TLS and
+// tls_client_required, and a recorder.
+func newRequiredTLSHarness(t *testing.T) (*tlsFixture, *harness, *countingRecorder) {
+	t.Helper()
 	f := newTLSFixture(t)
 	recorder := newCountingRecorder()
 	h := newHarnessWith(t, func(cfg *config.Config) {
 		f.configure(cfg)
 		cfg.General.TLSClientRequired = true
 	}, recorder)
+	return f, h, recorder
+}
+
+func TestClientTLSRequired(t *testing.T) {
+	f, h, recorder := newRequiredTLSHarness(t)
 	conn, _ := f.connectTLS(t, h, "require")
 	mustWhoami(t, conn)
 
@@ -171,7 +179,9 @@ func TestClientTLSMalformedHandshake(t *testing.T) {
 	if answer := sslRequest(t, conn); answer != 'S' {
 		t.Fatalf("SSLRequest answered %q, want 'S'", answer)
 	}
-	writeRaw(t, conn, []byte("GET / HTTP/1.1\r\nHost: pgtender\r\n\r\n"))
+	// One whole TLS record (nothing left unread to turn the close into a
+	// reset): a handshake message of a type that does not exist.
+	writeRaw(t, conn, []byte{0x16, 0x03, 0x01, 0x00, 0x04, 0xff, 0x00, 0x00, 0x00})
 	_ = conn.SetReadDeadline(time.Now().Add(waitTimeout))
 	rest, err := io.ReadAll(conn)
 	if err != nil {
@@ -262,5 +272,17 @@ func TestClientTLSOffAnswersN(t *testing.T) {
 	_, err := pgconn.Connect(ctx, strings.Replace(h.connString(testDatabase), "sslmode=disable", "sslmode=require", 1))
 	if err == nil || !strings.Contains(err.Error(), "server refused TLS connection") {
 		t.Fatalf("sslmode=require without client TLS: %v, want pgconn's refusal", err)
+	}
+}
+
+// TestClientTLSRequiredAcceptsPlaintextCancel: tls_client_required does
+// not refuse a plaintext CancelRequest (libpq before 17 sends them so).
+func TestClientTLSRequiredAcceptsPlaintextCancel(t *testing.T) {
+	_, h, recorder := newRequiredTLSHarness(t)
+	conn := h.dial()
+	writeRaw(t, conn, encodeMsgs(t, &pgproto3.CancelRequest{ProcessID: 1, SecretKey: []byte{1, 2, 3, 4}}))
+	expectEOF(t, conn) // no FATAL: the request was taken, and matched nothing
+	if got := recorder.finishedCount(LoginRejected); got != 0 {
+		t.Errorf("rejected = %d, want 0", got)
 	}
 }
