@@ -80,7 +80,7 @@ type session struct {
 	pooler *Pooler
 	// tcp is the client's socket; any goroutine may close it (closeSocket)
 	// to end the session. conn is what the session reads and writes: tcp,
-	// or the TLS connection over it once startTLS has run. conn is
+	// or the TLS connection over it once answerSSLRequest has run. conn is
 	// replaced only under wmu, by the serve goroutine, during login; other
 	// goroutines use it only under wmu.
 	tcp       *net.TCPConn
