@@ -120,7 +120,8 @@ type General struct {
 	AuthType AuthType `toml:"auth_type"` // default scram
 	// PassthroughAuth defaults to disabled. It needs a restart: the pooler
 	// builds its passthrough registry once, at start. "enabled" and
-	// "enabled_allow_change" are not in effect yet (they need client TLS).
+	// "enabled_allow_change" need client TLS (TLSCertificate and
+	// TLSPrivateKey).
 	PassthroughAuth PassthroughAuth `toml:"passthrough_auth" restart:"true"`
 
 	ConnectTimeout                 Milliseconds `toml:"connect_timeout"`                              // default 5000; at least 1
@@ -146,11 +147,11 @@ type General struct {
 	OpenMetricsNamespace string `toml:"openmetrics_namespace" restart:"true"` // default ""
 	HealthcheckPort      int    `toml:"healthcheck_port" restart:"true"`      // 0 = no health endpoint
 
-	TLSCertificate         string    `toml:"tls_certificate"`           // client-facing TLS certificate (PEM file); not in effect yet
-	TLSPrivateKey          string    `toml:"tls_private_key"`           // its private key (PEM file); not in effect yet
-	TLSClientRequired      bool      `toml:"tls_client_required"`       // refuse plaintext clients; default false; not in effect yet
+	TLSCertificate         string    `toml:"tls_certificate"`           // client-facing TLS certificate (PEM file); "" = no client TLS
+	TLSPrivateKey          string    `toml:"tls_private_key"`           // its private key (PEM file)
+	TLSClientRequired      bool      `toml:"tls_client_required"`       // refuse plaintext clients; default false
 	TLSVerify              TLSVerify `toml:"tls_verify"`                // server side; default prefer
-	TLSServerCACertificate string    `toml:"tls_server_ca_certificate"` // CA bundle for verify_ca / verify_full; not in effect yet
+	TLSServerCACertificate string    `toml:"tls_server_ca_certificate"` // CA bundle (PEM file) for verify_ca / verify_full; "" = the system's roots
 
 	PreparedStatements string `toml:"prepared_statements"` // "disabled" (default: forwarded unchanged) | "extended" (not in effect yet)
 

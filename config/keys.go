@@ -103,20 +103,9 @@ type PlannedKey struct {
 // not in effect yet", and from notInEffectRejected in planned_test.go;
 // TestDocsListKeysNotInEffect and TestNotInEffect check they agree).
 var notInEffect = []PlannedKey{
-	{Key: "general.tls_certificate", Default: `""`, Why: "client TLS is not built yet"},
-	{Key: "general.tls_private_key", Default: `""`, Why: "client TLS is not built yet"},
-	{Key: "general.tls_client_required", Default: `false`, Why: "client TLS is not built yet"},
-	{Key: "general.tls_server_ca_certificate", Default: `""`,
-		Why: "reading a CA bundle is not built yet; verify_ca and verify_full use the system's roots"},
 	{Key: "general.query_timeout", Default: `0`, Why: "queries are not timed out yet"},
 	{Key: "general.client_idle_in_transaction_timeout", Default: `0`,
 		Why: "clients idle in a transaction are not timed out yet"},
-	{Key: "general.passthrough_auth", Default: `"disabled"`,
-		NotYet: map[string]string{
-			`"enabled"`:              `"enabled_plain" to accept cleartext passwords without TLS`,
-			`"enabled_allow_change"`: `"enabled_plain_allow_change" to accept cleartext passwords without TLS`,
-		},
-		Why: "it needs client TLS to protect the cleartext passwords clients send, and pgtender has no client TLS yet"},
 	{Key: "general.prepared_statements", Default: `"disabled"`,
 		NotYet: map[string]string{
 			`"extended"`: `"disabled" (the default: statements are forwarded unchanged, so named prepared statements work in session mode only)`,

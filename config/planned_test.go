@@ -12,13 +12,8 @@ import (
 // here fails TestNotInEffect; a key removed from it (its feature built)
 // must be removed here too.
 var notInEffectRejected = map[string][]string{
-	"general.tls_certificate":                    {`"server.crt"`},
-	"general.tls_private_key":                    {`"server.key"`},
-	"general.tls_client_required":                {`true`},
-	"general.tls_server_ca_certificate":          {`"ca.crt"`},
 	"general.query_timeout":                      {`1`, `30000`},
 	"general.client_idle_in_transaction_timeout": {`1`, `60000`},
-	"general.passthrough_auth":                   {`"enabled"`, `"enabled_allow_change"`},
 	"general.prepared_statements":                {`"extended"`},
 }
 

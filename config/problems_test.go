@@ -104,7 +104,7 @@ func TestProblems(t *testing.T) {
 			[]want{{"pgdog.toml", 2, "general.auth_type", "is not one of"}}},
 		{"passthrough_auth", "[general]\npassthrough_auth = \"on\"\n" + db, nil,
 			[]want{{"pgdog.toml", 2, "general.passthrough_auth",
-				`"on" is not one of "disabled", "enabled_plain" or "enabled_plain_allow_change"`}}},
+				`"on" is not one of "disabled", "enabled", "enabled_plain", "enabled_allow_change" or "enabled_plain_allow_change"`}}},
 		{"tls_verify", "[general]\ntls_verify = \"full\"\n" + db, nil,
 			[]want{{"pgdog.toml", 2, "general.tls_verify", "is not one of"}}},
 		{"prepared_statements full", "[general]\nprepared_statements = \"full\"\n" + db, nil,
@@ -120,25 +120,22 @@ func TestProblems(t *testing.T) {
 		{"database pooler_mode", db + "pooler_mode = \"\"\n", nil,
 			[]want{{"pgdog.toml", 4, "databases[0].pooler_mode", "is not one of"}}},
 
-		// TLS and passthrough. Client TLS is not built yet (see notInEffect):
-		// its keys are reported as planned, not as missing one another.
+		// TLS and passthrough (files that exist: TestTLSFiles).
 		{"certificate without key", "[general]\ntls_certificate = \"c\"\n" + db, nil,
-			[]want{{"pgdog.toml", 2, "general.tls_certificate", "not supported by pgtender yet (planned: client TLS is not built yet)"}}},
+			[]want{{"pgdog.toml", 2, "general.tls_certificate", "is set but tls_private_key is not; client TLS needs both"}}},
 		{"key without certificate", "[general]\ntls_private_key = \"k\"\n" + db, nil,
-			[]want{{"pgdog.toml", 2, "general.tls_private_key", "not supported by pgtender yet (planned: client TLS"}}},
+			[]want{{"pgdog.toml", 2, "general.tls_private_key", "is set but tls_certificate is not"}}},
 		{"tls_client_required without TLS", "[general]\ntls_client_required = true\n" + db, nil,
-			[]want{{"pgdog.toml", 2, "general.tls_client_required", "not supported by pgtender yet (planned: client TLS"}}},
+			[]want{{"pgdog.toml", 2, "general.tls_client_required", "requires client TLS: set tls_certificate and tls_private_key"}}},
 		{"passthrough enabled without TLS", "[general]\npassthrough_auth = \"enabled\"\n" + db, nil,
 			[]want{{"pgdog.toml", 2, "general.passthrough_auth",
-				`"enabled" is not supported by pgtender yet (planned: it needs client TLS to protect the cleartext passwords clients send, and pgtender has no client TLS yet); use "enabled_plain"`}}},
+				`"enabled" needs client TLS (clients send cleartext passwords): set tls_certificate and tls_private_key, or use "enabled_plain"`}}},
 		{"passthrough allow_change without TLS", "[general]\npassthrough_auth = \"enabled_allow_change\"\n" + db, nil,
-			[]want{{"pgdog.toml", 2, "general.passthrough_auth", `no client TLS yet); use "enabled_plain_allow_change"`}}},
-		{"passthrough enabled with TLS configured", "[general]\npassthrough_auth = \"enabled\"\ntls_certificate = \"c\"\ntls_private_key = \"k\"\n" + db, nil,
-			[]want{
-				{"pgdog.toml", 2, "general.passthrough_auth", `"enabled" is not supported by pgtender yet (planned: it needs client TLS`},
-				{"pgdog.toml", 3, "general.tls_certificate", "not supported by pgtender yet (planned: client TLS"},
-				{"pgdog.toml", 4, "general.tls_private_key", "not supported by pgtender yet (planned: client TLS"},
-			}},
+			[]want{{"pgdog.toml", 2, "general.passthrough_auth", `or use "enabled_plain_allow_change" to accept cleartext passwords without TLS`}}},
+		{"certificate files missing", "[general]\npassthrough_auth = \"enabled\"\ntls_certificate = \"c\"\ntls_private_key = \"k\"\n" + db, nil,
+			[]want{{"pgdog.toml", 3, "general.tls_certificate", "cannot load tls_certificate and tls_private_key: open c: no such file"}}},
+		{"server CA missing", "[general]\ntls_server_ca_certificate = \"nope.crt\"\n" + db, nil,
+			[]want{{"pgdog.toml", 2, "general.tls_server_ca_certificate", "cannot read tls_server_ca_certificate: open nope.crt: no such file"}}},
 
 		// Databases.
 		{"no databases", "[general]\nport = 6432\n", nil,
@@ -270,7 +267,7 @@ password = 7
 		{"pgdog.toml", 3, "general.workers", "at least 1"},
 		{"pgdog.toml", 4, "general.pooler_mode", "not supported"},
 		{"pgdog.toml", 5, "general.bogus", "unknown key"},
-		{"pgdog.toml", 6, "general.tls_certificate", "not supported by pgtender yet (planned"},
+		{"pgdog.toml", 6, "general.tls_certificate", "is set but tls_private_key is not"},
 		{"pgdog.toml", 10, "databases[0].pool_size", "at least 1"},
 		{"pgdog.toml", 13, "databases[1].name", "duplicate"},
 		{"pgdog.toml", 14, "databases[1].lb_weight", "not supported"},

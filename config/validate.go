@@ -81,12 +81,6 @@ func (l *loader) validateGeneral(g *General) {
 		l.milliseconds(src, "general."+t.key, t.v, t.min)
 	}
 
-	// Before the checks between keys, which assume client TLS exists: while
-	// it is not built, "set tls_private_key" would be the wrong advice. A key
-	// gets one problem, so the checks below speak only once the notInEffect
-	// entries for TLS and passthrough_auth are gone; until then the
-	// passthrough_auth problem says both that "enabled" needs client TLS and
-	// that pgtender has none yet.
 	l.notInEffect(src, g)
 
 	hasCert, hasKey := g.TLSCertificate != "", g.TLSPrivateKey != ""
@@ -103,6 +97,15 @@ func (l *loader) validateGeneral(g *General) {
 		l.problem(src, "general.passthrough_auth",
 			"%q needs client TLS (clients send cleartext passwords): set tls_certificate and tls_private_key, or use %q to accept cleartext passwords without TLS",
 			g.PassthroughAuth, plainVariant(g.PassthroughAuth))
+	}
+	// The files are read here so that --check-config finds a wrong path or
+	// a key that does not match its certificate; the pooler reads them
+	// again when it starts and on each reload.
+	if _, err := g.LoadCertificate(); err != nil {
+		l.problem(src, "general.tls_certificate", "%v", err)
+	}
+	if _, err := g.LoadServerCA(); err != nil {
+		l.problem(src, "general.tls_server_ca_certificate", "%v", err)
 	}
 }
 

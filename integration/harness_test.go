@@ -54,6 +54,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer pg.Stop()
+	defer stopSSLPostgres()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, step := range []func() error{
@@ -81,6 +82,8 @@ type poolerOptions struct {
 	general  string               // extra [general] lines
 	pool     string               // extra [[databases]] lines
 	users    string               // users.toml contents
+	server   *testpg.Server       // the Postgres behind the pooler; nil: pg
+	host     string               // the database's host; "": the server's
 }
 
 // testPooler is an in-process pgtender in front of the shared cluster.
@@ -88,6 +91,7 @@ type testPooler struct {
 	*pooler.Pooler
 	addr string
 	cfg  *config.Config
+	logs *syncBuffer // the pooler's log (JSON lines)
 }
 
 // startPooler writes pgdog.toml and users.toml for opts, loads them with
@@ -96,6 +100,14 @@ type testPooler struct {
 func startPooler(t testing.TB, opts poolerOptions) *testPooler {
 	t.Helper()
 	dir := t.TempDir()
+	server := opts.server
+	if server == nil {
+		server = pg
+	}
+	host := opts.host
+	if host == "" {
+		host = server.Host
+	}
 	main := fmt.Sprintf(`[general]
 host = "127.0.0.1"
 port = %d
@@ -112,7 +124,7 @@ name = %q
 host = %q
 port = %d
 %s
-`, freePort(t), opts.general, appDB, pg.Host, pg.Port, opts.pool)
+`, freePort(t), opts.general, appDB, host, server.Port, opts.pool)
 	configPath := filepath.Join(dir, "pgdog.toml")
 	usersPath := filepath.Join(dir, "users.toml")
 	if err := os.WriteFile(configPath, []byte(main), 0o600); err != nil {
@@ -155,7 +167,7 @@ port = %d
 			t.Logf("pgtender log:\n%s", logs.String())
 		}
 	})
-	return &testPooler{Pooler: p, addr: p.Addr().String(), cfg: cfg}
+	return &testPooler{Pooler: p, addr: p.Addr().String(), cfg: cfg, logs: logs}
 }
 
 // connString is a libpq URL for user/password/database through the pooler.

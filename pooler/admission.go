@@ -273,6 +273,12 @@ func acceptQueueAge(conn *net.TCPConn) (age time.Duration, ok bool) {
 // connection waited in the kernel's accept queue, when known: logged, it
 // says how much of the wait a refused client saw happened before pgtender
 // could see the connection at all.
+//
+// An SSLRequest gets 'N' even when client TLS is configured: a TLS
+// handshake per refused connection would cost the CPU that shedding is
+// meant to save. A client that insists on TLS (sslmode=require) then
+// reports that the server does not support SSL instead of the 53300 text;
+// it is refused either way, and counted as shed.
 func (p *Pooler) shed(conn *net.TCPConn, reason ShedReason, queueWait time.Duration, queueWaitKnown bool) {
 	defer p.wg.Done()
 	defer conn.Close()

@@ -42,6 +42,9 @@ type clientError struct {
 	code     string // SQLSTATE
 	message  string // client-visible text, never internal detail
 	err      error  // cause, for logs; may be nil
+	// result is how a refused login is counted; "" derives it from code
+	// (loginResultOf).
+	result LoginResult
 }
 
 func (e *clientError) Error() string {

@@ -102,10 +102,16 @@ type harness struct {
 // closed) and then the fake.
 func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
 	t.Helper()
+	return newHarnessWith(t, mutate, nil)
+}
+
+// newHarnessWith is newHarness with a login recorder (nil: the no-op).
+func newHarnessWith(t *testing.T, mutate func(*config.Config), recorder LoginRecorder) *harness {
+	t.Helper()
 	fake := newFakePG(t, serverPassword)
 	cfg := testConfig(fake, mutate)
 	log := zaptest.NewLogger(t, zaptest.Level(zapcore.InfoLevel))
-	p, err := New(cfg, log, nil)
+	p, err := New(cfg, log, recorder)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -2,6 +2,8 @@ package pooler
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -34,6 +36,8 @@ type Pooler struct {
 	// verify is p.verifyPassthrough, made once: a method value written at
 	// each Authenticate call would escape and allocate per login.
 	verify auth.VerifyFunc
+	// clientTLS serves the certificate of the running state (tls.go).
+	clientTLS *tls.Config
 
 	// state is the running configuration with what was derived from it;
 	// Reload replaces it as a whole.
@@ -70,6 +74,11 @@ type runtimeState struct {
 	// credentials of users.toml users, derived once per load so that a
 	// SCRAM login costs HMACs rather than PBKDF2.
 	credentials map[auth.Key]*auth.Credentials
+	// certificate is the client-facing TLS certificate; nil: no client TLS.
+	certificate *tls.Certificate
+	// serverCAs verify Postgres's certificate under verify_ca and
+	// verify_full; nil: the system's roots.
+	serverCAs *x509.CertPool
 }
 
 // New returns a pooler for cfg, which must come from config.Load. log and
@@ -97,6 +106,7 @@ func New(cfg *config.Config, log *zap.Logger, recorder LoginRecorder) (*Pooler, 
 		done:           make(chan struct{}),
 	}
 	p.verify = p.verifyPassthrough
+	p.clientTLS = p.clientTLSConfig()
 	p.loginSlots = newLoginSlots(cfg.General.MaxLoginsInProgress)
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.state.Store(state)
@@ -105,6 +115,13 @@ func New(cfg *config.Config, log *zap.Logger, recorder LoginRecorder) (*Pooler, 
 
 func newRuntimeState(cfg *config.Config) (*runtimeState, error) {
 	state := &runtimeState{cfg: cfg, credentials: make(map[auth.Key]*auth.Credentials)}
+	var err error
+	if state.certificate, err = cfg.General.LoadCertificate(); err != nil {
+		return nil, err
+	}
+	if state.serverCAs, err = cfg.General.LoadServerCA(); err != nil {
+		return nil, err
+	}
 	if cfg.General.PassthroughAuth.Enabled() {
 		return state, nil
 	}
@@ -358,7 +375,7 @@ func (p *Pooler) openServer(ctx context.Context, endpoint serverEndpoint) (*Serv
 		return nil, ctx.Err()
 	}
 	defer func() { <-p.connectSlots }()
-	return openServerConn(ctx, endpoint)
+	return openServerConn(ctx, endpoint, p.state.Load().serverCAs)
 }
 
 // verifyPassthrough is the registry's VerifyFunc: it proves a password by

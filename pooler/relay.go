@@ -476,7 +476,7 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 			// whose finish takes sc over.
 			s.closing = true
 			s.mu.Unlock()
-			_ = s.conn.Close()
+			s.closeSocket()
 			return
 		}
 		if s.closing {
@@ -555,7 +555,7 @@ func (s *session) serverLost(err error) {
 		s.pooler.log.Info("server connection closed by the server", s.logFields()...)
 	}
 	s.sendError(wire.SeverityFatal, sqlstateConnectionFailure, "server connection lost")
-	_ = s.conn.Close()
+	s.closeSocket()
 }
 
 // finish ends the session: it stops the server reader, if any, and gives
@@ -644,7 +644,7 @@ func (s *session) endIfIdle() {
 	s.ended = true
 	s.mu.Unlock()
 	s.sendError(wire.SeverityFatal, sqlstateAdminShutdown, "pgtender is shutting down")
-	_ = s.conn.Close()
+	s.closeSocket()
 }
 
 // forceClose ends the session at once, whatever it is doing.
@@ -657,7 +657,7 @@ func (s *session) forceClose() {
 		_ = sc.conn.SetDeadline(time.Now())
 	}
 	s.mu.Unlock()
-	_ = s.conn.Close()
+	s.closeSocket()
 }
 
 func (s *session) logDisconnect() {

@@ -2,6 +2,7 @@ package pooler
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -125,9 +126,10 @@ func copyFailedByClient(body []byte) bool {
 
 // openServerConn opens and authenticates a server connection with pgconn
 // (which speaks SCRAM-SHA-256, md5 and cleartext to Postgres), then takes
-// the raw connection over. An error that means Postgres refused the
-// credentials wraps auth.ErrRejected.
-func openServerConn(ctx context.Context, endpoint serverEndpoint) (*ServerConn, error) {
+// the raw connection over. roots verify the server's certificate under
+// verify_ca and verify_full (nil: the system's roots). An error that means
+// Postgres refused the credentials wraps auth.ErrRejected.
+func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.CertPool) (*ServerConn, error) {
 	sslmode := "prefer"
 	switch endpoint.tlsVerify {
 	case config.TLSVerifyDisabled:
@@ -145,6 +147,12 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint) (*ServerConn, 
 		quoteConnValue(endpoint.host), endpoint.port, sslmode))
 	if err != nil {
 		return nil, fmt.Errorf("server connection settings: %w", err)
+	}
+	if roots != nil && (sslmode == "verify-ca" || sslmode == "verify-full") {
+		// pgconn checks the chain against RootCAs, and under verify-ca
+		// reads them when the handshake verifies the chain: it is its
+		// own verify-ca (chain checked, host name not).
+		connConfig.TLSConfig.RootCAs = roots
 	}
 	connConfig.User = endpoint.user
 	connConfig.Password = endpoint.password
@@ -168,7 +176,7 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint) (*ServerConn, 
 		if errors.As(err, &pgErr) && (pgErr.Code == sqlstateInvalidPassword || pgErr.Code == sqlstateInvalidAuthorization) {
 			return nil, fmt.Errorf("%w: %s", auth.ErrRejected, pgErr.Message)
 		}
-		return nil, fmt.Errorf("connect to %s:%d: %w", endpoint.host, endpoint.port, err)
+		return nil, fmt.Errorf("connect to %s:%d: %w%s", endpoint.host, endpoint.port, err, tlsVerifyHint(err, endpoint.host))
 	}
 	if err := pgConn.SyncConn(ctx); err != nil {
 		pgConn.Close(context.Background())
@@ -198,6 +206,18 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint) (*ServerConn, 
 	}
 	sc.scanner.Inspect = inspectServerMessage
 	return sc, nil
+}
+
+// tlsVerifyHint says what to change when err is a failed check of
+// Postgres's certificate, for the log; "" otherwise.
+func tlsVerifyHint(err error, host string) string {
+	if _, ok := errors.AsType[x509.UnknownAuthorityError](err); ok {
+		return " (tls_verify: Postgres's certificate is not signed by a CA pgtender trusts; set tls_server_ca_certificate to the CA that signed it)"
+	}
+	if _, ok := errors.AsType[x509.HostnameError](err); ok {
+		return fmt.Sprintf(" (tls_verify = \"verify_full\": Postgres's certificate is not valid for host %q; use a host name the certificate names, or \"verify_ca\")", host)
+	}
+	return ""
 }
 
 // quoteConnValue quotes a value for a keyword/value connection string.

@@ -77,8 +77,15 @@ func (s clientState) String() string {
 // linked, a second goroutine (readServer) reads from the server and writes
 // to the client.
 type session struct {
-	pooler    *Pooler
-	conn      *net.TCPConn
+	pooler *Pooler
+	// tcp is the client's socket; any goroutine may close it (closeSocket)
+	// to end the session. conn is what the session reads and writes: tcp,
+	// or the TLS connection over it once answerSSLRequest has run. conn is
+	// replaced only under wmu, by the serve goroutine, during login; other
+	// goroutines use it only under wmu.
+	tcp       *net.TCPConn
+	conn      net.Conn
+	encrypted bool   // TLS was negotiated; owned by the serve goroutine
 	processID uint32 // pgtender's BackendKeyData for this client
 	secret    uint32
 	state     atomic.Int32
@@ -148,6 +155,7 @@ type session struct {
 func newSession(p *Pooler, conn *net.TCPConn) *session {
 	s := &session{
 		pooler:      p,
+		tcp:         conn,
 		conn:        conn,
 		processID:   p.nextProcessID.Add(1),
 		secret:      rand.Uint32(),
@@ -200,7 +208,7 @@ func (s *session) serve() {
 func (s *session) logFields(extra ...zap.Field) []zap.Field {
 	return append([]zap.Field{
 		zap.Uint32("client_id", s.processID),
-		zap.String("remote", s.conn.RemoteAddr().String()),
+		zap.String("remote", s.tcp.RemoteAddr().String()),
 		zap.String("user", s.user),
 		zap.String("database", s.database),
 	}, extra...)
@@ -231,6 +239,17 @@ func (s *session) login() error {
 	err := s.loginPhases(state, deadline, &timings, &stage, start)
 	if err == errCancelRequest {
 		p.recorder.LoginCancelRequest()
+		return err
+	}
+	if handshake, ok := errors.AsType[*tlsHandshakeError](err); ok {
+		// No error message can be sent: the client expects TLS records,
+		// and there is no TLS session to send one in.
+		if isNormalClose(handshake.err) || isTimeout(handshake.err) {
+			p.recorder.LoginAbandoned(stage)
+		} else {
+			p.recorder.LoginFinished(LoginError, timings)
+		}
+		p.log.Info("TLS handshake failed", s.logFields(zap.Error(handshake.err))...)
 		return err
 	}
 	if err == nil {
@@ -272,6 +291,9 @@ var errClientLeft = errors.New("client left during login")
 var errCancelRequest = errors.New("cancel request handled")
 
 func loginResultOf(ce *clientError) LoginResult {
+	if ce.result != "" {
+		return ce.result
+	}
 	switch ce.code {
 	case sqlstateInvalidPassword, sqlstateInvalidAuthorization:
 		return LoginAuthFailed
@@ -297,9 +319,14 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 			return err
 		}
 		switch startup.Kind {
-		case wire.SSLRequest, wire.GSSEncRequest:
-			// TLS and GSS encryption are not offered: the client goes on
-			// in plaintext or gives up.
+		case wire.SSLRequest:
+			if err := s.answerSSLRequest(state); err != nil {
+				return err
+			}
+			continue
+		case wire.GSSEncRequest:
+			// GSS encryption is not offered: the client goes on without
+			// it or gives up.
 			if err := s.write([]byte{'N'}); err != nil {
 				return err
 			}
@@ -309,6 +336,9 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 			return errCancelRequest
 		}
 		break
+	}
+	if general.TLSClientRequired && !s.encrypted {
+		return sslRequired("tls_client_required is on")
 	}
 	if startup.ProtocolMajor != 3 {
 		return fatalError(sqlstateFeatureNotSupported,
@@ -374,7 +404,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	// A cold pool makes the client wait for the first server connection;
 	// a client that gave up meanwhile is an abandoned login, not a
 	// completed or refused one. One peek at its socket tells.
-	if time.Since(readyStart) > slowReadyStage && peekConn(s.conn) == peekClosed {
+	if time.Since(readyStart) > slowReadyStage && peekConn(s.tcp) == peekClosed {
 		return errClientLeft
 	}
 	if err != nil {
@@ -424,6 +454,11 @@ func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
 	general := state.cfg.General
 	failed := fatalError(sqlstateInvalidPassword, fmt.Sprintf("password authentication failed for user %q", s.user), nil)
 	if general.PassthroughAuth.Enabled() {
+		if general.PassthroughAuth.RequiresTLS() && !s.encrypted {
+			// Refused before the password is asked for, so that it never
+			// crosses the network in cleartext.
+			return sslRequired(fmt.Sprintf("passthrough_auth %q takes passwords only over TLS", general.PassthroughAuth))
+		}
 		password, err := auth.ReadCleartextPassword(authConn{s})
 		if err != nil {
 			return s.authExchangeError(err)
@@ -435,7 +470,7 @@ func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
 			defer cancel()
 		}
 		key := auth.Key{User: s.user, Database: s.database}
-		login := auth.Login{Key: key, Password: password, ClientAddr: remoteIP(s.conn.RemoteAddr())}
+		login := auth.Login{Key: key, Password: password, ClientAddr: remoteIP(s.tcp.RemoteAddr())}
 		err = s.verifyPassthrough(ctx, login)
 		switch {
 		case err == nil:
@@ -549,6 +584,12 @@ func (s *session) sendError(severity, code, message string) {
 	s.bytesSent.Add(int64(n))
 	_ = s.conn.SetWriteDeadline(time.Time{})
 }
+
+// closeSocket closes the client's socket, from any goroutine: the serve
+// goroutine's reads and writes fail at once, and the session ends. A TLS
+// client is not sent close_notify; finish, on the serve goroutine, closes
+// conn itself.
+func (s *session) closeSocket() { _ = s.tcp.Close() }
 
 // authConn adapts a session to auth.ClientConn.
 type authConn struct{ s *session }

@@ -43,6 +43,11 @@ type Options struct {
 	// "max_connections": "20"). Values are written quoted, which PostgreSQL
 	// accepts for settings of every type.
 	Config map[string]string
+	// TLSCertPEM and TLSKeyPEM, when both are set, turn ssl on with this
+	// certificate and private key (PEM; see internal/testcert), written
+	// into the data directory. TCP logins may then use TLS or not: the
+	// pg_hba.conf lines are "host", which accept both.
+	TLSCertPEM, TLSKeyPEM []byte
 }
 
 // ShutdownMode is pg_ctl's stop mode (-m).
@@ -91,6 +96,8 @@ const (
 	dirPrefix      = "pgtender-testpg-"
 	ownerFile      = "owner.pid" // the pid of the test process, for reapStale
 	includedConf   = "testpg.conf"
+	tlsCertFile    = "server.crt" // in DataDir, with Options.TLSCertPEM
+	tlsKeyFile     = "server.key"
 	initdbTimeout  = 2 * time.Minute
 	pgctlTimeout   = 60 * time.Second // pg_ctl -t for start and stop
 	connectTimeout = 10 * time.Second
@@ -104,6 +111,9 @@ const (
 func Start(opts Options) (*Server, error) {
 	if err := checkConfig(opts.Config); err != nil {
 		return nil, err
+	}
+	if (opts.TLSCertPEM == nil) != (opts.TLSKeyPEM == nil) {
+		return nil, errors.New("testpg: Options.TLSCertPEM and TLSKeyPEM go together")
 	}
 	binDir, err := BinDir()
 	if err != nil {
@@ -211,6 +221,19 @@ host    all       all       ::1/128       scram-sha-256
 		return fmt.Errorf("testpg: %w", err)
 	}
 
+	settings := opts.Config
+	if opts.TLSCertPEM != nil {
+		settings = map[string]string{"ssl": "on", "ssl_cert_file": tlsCertFile, "ssl_key_file": tlsKeyFile}
+		for name, value := range opts.Config {
+			settings[name] = value
+		}
+		for name, content := range map[string][]byte{tlsCertFile: opts.TLSCertPEM, tlsKeyFile: opts.TLSKeyPEM} {
+			if err := s.writeFile(filepath.Join(s.DataDir, name), string(content)); err != nil {
+				return err
+			}
+		}
+	}
+
 	// The free port can be taken between our probe and the postmaster's bind;
 	// when the log says so, try another one.
 	const attempts = 3
@@ -220,7 +243,7 @@ host    all       all       ::1/128       scram-sha-256
 			return err
 		}
 		s.Port = port
-		if err := s.writeFile(filepath.Join(s.DataDir, includedConf), s.settings(opts.Config)); err != nil {
+		if err := s.writeFile(filepath.Join(s.DataDir, includedConf), s.settings(settings)); err != nil {
 			return err
 		}
 		logStart := fileSize(s.LogPath)

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
+
+	"github.com/pgtender/pgtender/internal/testcert"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -296,4 +298,36 @@ func TestBinDirHasServerBinaries(t *testing.T) {
 	if err := hasServerBinaries(dir); err != nil {
 		t.Error(err)
 	}
+}
+
+// With Options.TLSCertPEM the server speaks TLS with that certificate,
+// which a client trusting the test CA verifies in full, and still accepts
+// plaintext logins.
+func TestTLS(t *testing.T) {
+	t.Parallel()
+	skipIfShort(t)
+	ca := testcert.NewCA(t)
+	leaf := ca.Issue(t, "127.0.0.1")
+	s := StartTB(t, Options{TLSCertPEM: leaf.CertPEM, TLSKeyPEM: leaf.KeyPEM})
+	ctx := testContext(t)
+
+	cc, err := pgconn.ParseConfig(strings.Replace(s.ConnString(s.SuperUser, s.SuperPassword, "postgres"), "sslmode=disable", "sslmode=verify-full", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.TLSConfig.RootCAs = ca.Pool()
+	conn, err := pgconn.ConnectConfig(ctx, cc)
+	if err != nil {
+		t.Fatalf("verify-full with the test CA: %v", err)
+	}
+	defer conn.Close(ctx)
+	result := conn.ExecParams(ctx, "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", nil, nil, nil, nil).Read()
+	if result.Err != nil || len(result.Rows) != 1 || string(result.Rows[0][0]) != "t" {
+		t.Fatalf("pg_stat_ssl: %v %q", result.Err, result.Rows)
+	}
+	plain, err := pgconn.Connect(ctx, s.ConnString(s.SuperUser, s.SuperPassword, "postgres"))
+	if err != nil {
+		t.Fatalf("sslmode=disable: %v", err)
+	}
+	plain.Close(ctx)
 }
