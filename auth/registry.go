@@ -63,7 +63,52 @@ var (
 	// It wraps ErrPasswordMismatch, so the client gets FATAL 28P01 like
 	// for any wrong password; the pooler can count it apart.
 	ErrThrottled = fmt.Errorf("%w (too many failed attempts: not verified)", ErrPasswordMismatch)
+
+	// ErrCachedRejection is returned instead of asking Postgres when
+	// Postgres rejected the same (key, password) within the negative cache
+	// TTL. It wraps ErrPasswordMismatch, so the client gets FATAL 28P01;
+	// the pooler can log it apart.
+	ErrCachedRejection = fmt.Errorf("%w (rejected by Postgres recently: not asked again)", ErrPasswordMismatch)
 )
+
+// VerificationStats counts what a Registry did on its slow path, since it
+// was made. OK, Rejected and Error are round trips to Postgres (a
+// verification shared by several clients counts once; background
+// re-verifications count too); Throttled are verifications not made
+// because a failed-verification bucket was empty (once per verification
+// that would have been made); CachedRejection are logins refused from the
+// negative cache. A login with the verified password (the fast path)
+// counts nowhere.
+type VerificationStats struct {
+	OK, Rejected, Error        uint64
+	Throttled, CachedRejection uint64
+}
+
+// verificationCounters are a Registry's VerificationStats as atomics.
+type verificationCounters struct {
+	ok, rejected, failed, throttled, cached atomic.Uint64
+}
+
+// count adds the outcome of one round trip to Postgres.
+func (c *verificationCounters) count(err error) {
+	switch {
+	case err == nil:
+		c.ok.Add(1)
+	case errors.Is(err, ErrRejected):
+		c.rejected.Add(1)
+	default:
+		c.failed.Add(1)
+	}
+}
+
+// VerificationStats returns the registry's counters now.
+func (r *Registry) VerificationStats() VerificationStats {
+	c := &r.counters
+	return VerificationStats{
+		OK: c.ok.Load(), Rejected: c.rejected.Load(), Error: c.failed.Load(),
+		Throttled: c.throttled.Load(), CachedRejection: c.cached.Load(),
+	}
+}
 
 // VerifyFunc opens a real server connection to Postgres as key.User with
 // password, and keeps it: the pooler's function puts it into the pool. It
@@ -128,8 +173,9 @@ type Registry struct {
 	snaps  [numShards]atomic.Pointer[snapshot]
 	shards [numShards]shard
 
-	flights singleflight.Group
-	limiter limiter
+	flights  singleflight.Group
+	limiter  limiter
+	counters verificationCounters
 
 	// Background re-verifications: tracked so Close can end them.
 	bgMu     sync.Mutex
@@ -243,7 +289,8 @@ func (r *Registry) Close() {
 //   - another password for a known key, in a mode without allow_change:
 //     ErrPasswordMismatch, without asking Postgres;
 //   - a (key, password) Postgres rejected within the negative cache TTL:
-//     ErrPasswordMismatch, without asking Postgres;
+//     ErrCachedRejection (wrapping ErrPasswordMismatch), without asking
+//     Postgres;
 //   - an unknown key, or another password under *_allow_change: verify is
 //     called first, and the password is stored only if Postgres accepted
 //     it. Concurrent calls for the same key and password share one verify.
@@ -323,7 +370,8 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 	mac := r.mac(key, password)
 	now := r.opts.now()
 	if sh.negative.rejected(mac, now) {
-		return ErrPasswordMismatch
+		r.counters.cached.Add(1)
+		return ErrCachedRejection
 	}
 	sh.mu.Lock()
 	epoch := sh.epoch
@@ -332,10 +380,12 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 	detached := context.WithoutCancel(ctx)
 	results := r.flights.DoChan(string(mac[:]), func() (any, error) {
 		if !r.limiter.reserve(key.User, login.ClientAddr, r.opts.now()) {
+			r.counters.throttled.Add(1)
 			return nil, ErrThrottled
 		}
 		started := r.opts.now()
 		err := verify(detached, key, password)
+		r.counters.count(err)
 		if errors.Is(err, ErrRejected) {
 			// Keep the tokens: this is the failure they limit.
 			sh.negative.add(mac, r.opts.now(), r.opts.negativeTTL)
@@ -486,12 +536,13 @@ func (r *Registry) Forget(key Key) {
 func (r *Registry) MarkStale(key Key, password string) bool {
 	i := r.shardIndex(key)
 	sh := &r.shards[i]
+	// Postgres refused the pair, whether or not it is still the stored
+	// one. Cached before the removal, so no login in between asks again.
+	sh.negative.add(r.mac(key, password), r.opts.now(), r.opts.negativeTTL)
 	sh.mu.Lock()
 	e, ok := r.snaps[i].Load().entries[key]
 	removed := ok && e.matches(password) && r.removeLocked(i, key, e)
 	sh.mu.Unlock()
-	// Postgres refused the pair, whether or not it is still the stored one.
-	sh.negative.add(r.mac(key, password), r.opts.now(), r.opts.negativeTTL)
 	return removed
 }
 
