@@ -205,6 +205,7 @@ type shard struct {
 	epoch uint64
 
 	negative negativeCache
+	demand   demandCounter
 }
 
 // snapshot is one immutable generation of a shard.
@@ -296,7 +297,10 @@ func (r *Registry) Close() {
 //     it. Concurrent calls for the same key and password share one verify.
 //     Before it, the verification takes a token from the failed-verification
 //     buckets of the user and of the client address; without one every
-//     caller sharing it gets ErrThrottled. A rejection keeps the tokens and
+//     caller sharing it gets ErrThrottled, unless its password is the one
+//     most presented lately among those refused for the user: that one
+//     verification waits for the next token, up to DefaultThrottleWait
+//     (throttle.go). A rejection keeps the tokens and
 //     is remembered in the negative cache; any other outcome gives them
 //     back. An error wrapping ErrRejected becomes ErrPasswordMismatch; any
 //     other verify error is returned (wrapped, with the key) and nothing is
@@ -306,8 +310,9 @@ func (r *Registry) Close() {
 // attempts, and never delays a client presenting the verified password.
 // The price: while a user's bucket is empty, a correct password that still
 // needs verifying (a first login after a restart, a new password under
-// allow_change) is refused too (ErrThrottled). A retry gets through when
-// it finds a token: soon once the flood stops, by luck while it goes on.
+// allow_change) waits for the next token, up to a refill period, when many
+// clients present it; the first logins with it may be refused
+// (ErrThrottled) before it is the most presented one.
 // Verification attempts are limited; the fast path always works.
 //
 // When ctx ends first, Authenticate returns ctx's error while the shared
@@ -373,13 +378,15 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 		r.counters.cached.Add(1)
 		return ErrCachedRejection
 	}
+	demand := sh.demand.present(mac, now)
 	sh.mu.Lock()
 	epoch := sh.epoch
 	sh.mu.Unlock()
 
 	detached := context.WithoutCancel(ctx)
 	results := r.flights.DoChan(string(mac[:]), func() (any, error) {
-		if !r.limiter.reserve(key.User, login.ClientAddr, r.opts.now()) {
+		if !r.limiter.reserve(key.User, login.ClientAddr, r.opts.now()) &&
+			!r.awaitToken(key.User, login.ClientAddr, demand) {
 			r.counters.throttled.Add(1)
 			return nil, ErrThrottled
 		}
