@@ -72,7 +72,8 @@ func randomPassword() string {
 // loginClient logs in through a pooler and out again, as a short-lived
 // client does, with pgconn.
 type loginClient struct {
-	base *pgconn.Config
+	pooler *testPooler
+	base   *pgconn.Config
 }
 
 func newLoginClient(t testing.TB, tp *testPooler, user string) *loginClient {
@@ -81,7 +82,23 @@ func newLoginClient(t testing.TB, tp *testPooler, user string) *loginClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &loginClient{base: cfg}
+	return &loginClient{pooler: tp, base: cfg}
+}
+
+// warmPassthrough creates role with password, starts a pooler with opts
+// (a passthrough mode among them) and logs in once, so the password is
+// verified and the role's pool has a server connection. It returns a
+// client of the role.
+func warmPassthrough(t testing.TB, role, password string, opts poolerOptions) *loginClient {
+	t.Helper()
+	newRole(t, role, password)
+	client := newLoginClient(t, startPooler(t, opts), role)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := client.login(ctx, password); err != nil {
+		t.Fatalf("first login: %v", err)
+	}
+	return client
 }
 
 // login logs in with password and closes the connection at once; it

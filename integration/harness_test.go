@@ -88,6 +88,8 @@ type testPooler struct {
 	*pooler.Pooler
 	addr string
 	cfg  *config.Config
+	// configPath and usersPath are the files cfg was loaded from.
+	configPath, usersPath string
 }
 
 // startPooler writes pgdog.toml and users.toml for opts, loads them with
@@ -155,7 +157,7 @@ port = %d
 			t.Logf("pgtender log:\n%s", logs.String())
 		}
 	})
-	return &testPooler{Pooler: p, addr: p.Addr().String(), cfg: cfg}
+	return &testPooler{Pooler: p, addr: p.Addr().String(), cfg: cfg, configPath: configPath, usersPath: usersPath}
 }
 
 // connString is a libpq URL for user/password/database through the pooler.

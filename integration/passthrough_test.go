@@ -4,12 +4,14 @@ import (
 	"context"
 	"flag"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pgtender/pgtender/auth"
+	"github.com/pgtender/pgtender/config"
 )
 
 // TestRotationStorm is issue 4's rotation storm: 64 clients log in
@@ -31,14 +33,10 @@ func TestRotationStorm(t *testing.T) {
 		window     = 2 * time.Second // the before and after windows
 		switchOver = 2 * time.Second
 	)
-	newRole(t, role, passwordA)
-	tp := startPooler(t, poolerOptions{general: `passthrough_auth = "enabled_plain_allow_change"`})
-	client := newLoginClient(t, tp, role)
+	client := warmPassthrough(t, role, passwordA, poolerOptions{general: `passthrough_auth = "enabled_plain_allow_change"`})
+	tp := client.pooler
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := client.login(ctx, passwordA); err != nil {
-		t.Fatalf("first login with A: %v", err)
-	}
 	failedBefore := failedAuthentications(t, role)
 	statsBefore := tp.PassthroughVerifications()
 
@@ -161,17 +159,12 @@ func TestRevocation(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			role := "revoke_" + c.name
-			newRole(t, role, password)
-			tp := startPooler(t, poolerOptions{
+			client := warmPassthrough(t, role, password, poolerOptions{
 				general: joinLines(`passthrough_auth = "enabled_plain"`, `passthrough_reverify_interval = 500`),
 				pool:    `min_pool_size = 1`,
 			})
-			client := newLoginClient(t, tp, role)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			if err := client.login(ctx, password); err != nil {
-				t.Fatalf("first login: %v", err)
-			}
 
 			start := time.Now()
 			var revoked, refused atomic.Int64 // since start; 0 until then
@@ -411,4 +404,165 @@ func idleServers(tp *testPooler, role string) int {
 		}
 	}
 	return 0
+}
+
+// TestRefillWithRejectedPassword: a passthrough pool keeps min_pool_size
+// with the verified password. Once Postgres rejects that password (ALTER
+// ROLE) the pool's own refills fail with 28P01 once, the entry is marked
+// stale, and from then on the refill stops: over six seconds of
+// maintenance with server_lifetime closing connections, Postgres sees one
+// failed authentication, not one per maintenance pass. The next client
+// login with the new password verifies it and the pool fills again.
+func TestRefillWithRejectedPassword(t *testing.T) {
+	const (
+		role     = "refill_rejected"
+		password = "refill-password"
+		newPW    = "refill-password-2"
+	)
+	client := warmPassthrough(t, role, password, poolerOptions{
+		general: joinLines(`passthrough_auth = "enabled_plain"`, `server_lifetime = 2000`),
+		pool:    `min_pool_size = 2`,
+	})
+	tp := client.pooler
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	total := func() int {
+		for _, s := range tp.PoolStats() {
+			if s.User == role {
+				return s.ServersTotal
+			}
+		}
+		return 0
+	}
+	eventually(t, 10*time.Second, "the pool to reach min_pool_size", func() bool { return total() >= 2 })
+
+	failedBefore := failedAuthentications(t, role)
+	setPassword(t, role, newPW)
+	const watch = 6 * time.Second
+	time.Sleep(watch) // maintenance passes every second; lifetimes of 2 s expire meanwhile
+	failed := failedAuthentications(t, role) - failedBefore
+	stats := tp.PassthroughVerifications()
+	t.Logf("%v after ALTER ROLE: Postgres logged %d failed authentications of %s; pool has %d server connections; registry: %d rejected, %d from the negative cache",
+		watch, failed, role, total(), stats.Rejected, stats.CachedRejection)
+	if failed < 1 || failed > 2 {
+		t.Errorf("Postgres logged %d failed authentications, want 1 (2 if a refill raced the first refusal)", failed)
+	}
+	// The stale password is refused without asking Postgres (negative cache).
+	if err := client.login(ctx, password); sqlState(err) != "28P01" {
+		t.Fatalf("old password after the refill was refused: %v, want 28P01", err)
+	}
+	if got := failedAuthentications(t, role) - failedBefore; got != failed {
+		t.Errorf("the old password went to Postgres again: %d failed authentications, was %d", got, failed)
+	}
+	if err := client.login(ctx, newPW); err != nil {
+		t.Fatalf("new password: %v", err)
+	}
+	eventually(t, 10*time.Second, "the pool to reach min_pool_size with the new password", func() bool { return total() >= 2 })
+}
+
+// reloadUsers rewrites the pooler's users.toml and reloads both files, as
+// SIGHUP does (cmd/pgtender: config.Load, then Pooler.Reload).
+func reloadUsers(t testing.TB, tp *testPooler, users string) {
+	t.Helper()
+	if err := os.WriteFile(tp.usersPath, []byte(users), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(tp.configPath, tp.usersPath)
+	if err != nil {
+		t.Fatalf("config.Load: %v", err)
+	}
+	if err := tp.Reload(cfg); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+}
+
+// hasPool reports whether the pooler has a pool for role.
+func hasPool(tp *testPooler, role string) bool {
+	for _, s := range tp.PoolStats() {
+		if s.User == role {
+			return true
+		}
+	}
+	return false
+}
+
+// loggedInPair creates roles a and b with password, starts a pooler with
+// opts, and logs each in once; it returns a client of each.
+func loggedInPair(t testing.TB, ctx context.Context, a, b, password string, opts poolerOptions) (*loginClient, *loginClient) {
+	t.Helper()
+	newRole(t, a, password)
+	newRole(t, b, password)
+	tp := startPooler(t, opts)
+	clientA, clientB := newLoginClient(t, tp, a), newLoginClient(t, tp, b)
+	for _, c := range []*loginClient{clientA, clientB} {
+		if err := c.login(ctx, password); err != nil {
+			t.Fatalf("login before the reload: %v", err)
+		}
+	}
+	return clientA, clientB
+}
+
+// TestReloadUsers: a reload keeps the passwords passthrough learned for
+// users without a users.toml entry (their next login asks Postgres
+// nothing), and removes a user whose users.toml entry is gone: under
+// passthrough its pool is closed and its next login is verified again;
+// with configured users (disabled) it can no longer log in.
+func TestReloadUsers(t *testing.T) {
+	userEntry := func(name, extra string) string {
+		return joinLines(`[[users]]`, `name = "`+name+`"`, `database = "`+appDB+`"`, extra, ``)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	t.Run("passthrough", func(t *testing.T) {
+		const learned, listed, password = "reload_learned", "reload_listed", "reload-password"
+		learnedClient, listedClient := loggedInPair(t, ctx, learned, listed, password, poolerOptions{
+			general: `passthrough_auth = "enabled_plain"`,
+			users:   userEntry(listed, `pool_size = 3`),
+		})
+		tp := learnedClient.pooler
+		before := tp.PassthroughVerifications()
+		if before.OK != 2 {
+			t.Fatalf("%d verifications before the reload, want 2", before.OK)
+		}
+
+		reloadUsers(t, tp, "") // the listed user's entry is removed
+		if hasPool(tp, listed) {
+			t.Errorf("the removed user's pool is still there after the reload")
+		}
+		if !hasPool(tp, learned) {
+			t.Errorf("the learned user's pool was closed by the reload")
+		}
+		if err := learnedClient.login(ctx, password); err != nil {
+			t.Fatalf("learned user after the reload: %v", err)
+		}
+		if got := tp.PassthroughVerifications().OK; got != before.OK {
+			t.Errorf("the learned user was verified again after the reload (%d verifications, want %d)", got, before.OK)
+		}
+		if err := listedClient.login(ctx, password); err != nil {
+			t.Fatalf("removed user (passthrough: Postgres decides) after the reload: %v", err)
+		}
+		if got := tp.PassthroughVerifications().OK; got != before.OK+1 {
+			t.Errorf("the removed user's password was not verified again (%d verifications, want %d)", got, before.OK+1)
+		}
+	})
+
+	t.Run("disabled", func(t *testing.T) {
+		const kept, dropped, password = "reload_kept", "reload_dropped", "reload-password"
+		keptClient, droppedClient := loggedInPair(t, ctx, kept, dropped, password, poolerOptions{
+			general: `auth_type = "scram"`,
+			users:   userEntry(kept, `password = "`+password+`"`) + userEntry(dropped, `password = "`+password+`"`),
+		})
+		tp := keptClient.pooler
+		reloadUsers(t, tp, userEntry(kept, `password = "`+password+`"`))
+		if hasPool(tp, dropped) {
+			t.Errorf("the removed user's pool is still there after the reload")
+		}
+		if err := keptClient.login(ctx, password); err != nil {
+			t.Fatalf("kept user after the reload: %v", err)
+		}
+		if err := droppedClient.login(ctx, password); sqlState(err) != "28P01" {
+			t.Fatalf("removed user after the reload: %v, want SQLSTATE 28P01", err)
+		}
+	})
 }
