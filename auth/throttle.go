@@ -42,6 +42,7 @@ const demandShardSize = 256
 type demandCounter struct {
 	mu    sync.Mutex
 	pairs map[[sha256.Size]byte]demandRecord
+	swept time.Time // last sweep of a full shard
 }
 
 type demandRecord struct {
@@ -60,9 +61,14 @@ func (c *demandCounter) present(mac [sha256.Size]byte, now time.Time) int {
 	rec, ok := c.pairs[mac]
 	if !ok || now.Sub(rec.since) >= demandWindow {
 		if !ok && len(c.pairs) >= demandShardSize {
-			for k, r := range c.pairs {
-				if now.Sub(r.since) >= demandWindow {
-					delete(c.pairs, k)
+			// Sweep at most once a second, so a flood of distinct
+			// passwords does not make every login pay for one.
+			if now.Sub(c.swept) >= time.Second {
+				c.swept = now
+				for k, r := range c.pairs {
+					if now.Sub(r.since) >= demandWindow {
+						delete(c.pairs, k)
+					}
 				}
 			}
 			if len(c.pairs) >= demandShardSize {
@@ -125,7 +131,9 @@ func (r *Registry) awaitToken(user string, addr netip.Addr, demand int) bool {
 		if remaining <= 0 {
 			return false
 		}
-		timer := time.NewTimer(min(max(next, time.Millisecond), remaining))
+		// next is 0 when no bucket says when (a full key table): poll
+		// gently then.
+		timer := time.NewTimer(min(max(next, 10*time.Millisecond), remaining))
 		select {
 		case <-timer.C:
 		case <-w.evicted:

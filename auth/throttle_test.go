@@ -114,3 +114,34 @@ func TestThrottleWaitPlace(t *testing.T) {
 		t.Fatalf("%d verify calls, want 1", n)
 	}
 }
+
+func TestDemandCounter(t *testing.T) {
+	var c demandCounter
+	now := time.Unix(1000, 0)
+	mac := func(i int) (m [32]byte) { m[0], m[1] = byte(i), byte(i>>8); return m }
+	for want := 1; want <= 3; want++ {
+		if got := c.present(mac(0), now); got != want {
+			t.Fatalf("presentation %d counted %d", want, got)
+		}
+	}
+	if got := c.present(mac(0), now.Add(demandWindow)); got != 1 {
+		t.Fatalf("after the window: %d, want 1 (a new window)", got)
+	}
+	for i := 1; i < demandShardSize; i++ {
+		c.present(mac(i), now)
+	}
+	later := now.Add(demandWindow / 2)
+	if got := c.present(mac(demandShardSize), later); got != 1 {
+		t.Fatalf("a new pair in a full shard: %d, want 1", got)
+	}
+	if got := c.present(mac(demandShardSize), later); got != 1 {
+		t.Fatalf("a pair not kept in a full shard: %d, want 1 again", got)
+	}
+	if got := c.present(mac(0), later); got != 2 {
+		t.Fatalf("a pair kept in a full shard: %d, want 2", got)
+	}
+	// Once the window of the old pairs is over, the sweep makes room.
+	if got := c.present(mac(demandShardSize), now.Add(demandWindow+time.Second)); got != 1 || len(c.pairs) > 2 {
+		t.Fatalf("after the sweep: %d, %d pairs kept", got, len(c.pairs))
+	}
+}
