@@ -378,7 +378,8 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 		r.counters.cached.Add(1)
 		return ErrCachedRejection
 	}
-	demand := sh.demand.present(mac, now)
+	sh.demand.present(mac, now)
+	demand := func() int { return sh.demand.current(mac, r.opts.now()) }
 	sh.mu.Lock()
 	epoch := sh.epoch
 	sh.mu.Unlock()

@@ -20,9 +20,11 @@ import (
 // throttleWait: the one whose password the most logins presented lately.
 // The right password of a role is presented by every client of it, a
 // guess by one, so the right one takes the place and gets the next token;
-// every other refused verification still gets ErrThrottled at once (no
-// login waits behind a guess but the one in the place, so a flood holds
-// no login slots). Postgres sees no more attempts than before: the waiter
+// every other refused verification gets ErrThrottled after joinGrace
+// (20 ms: the clients of a wave presenting the same password join it
+// meanwhile, so it is compared with its whole demand), and no login waits
+// longer behind a guess but the one in the place, so a flood holds few
+// login slots. Postgres sees no more attempts than before: the waiter
 // takes a token like any verification. A guesser who presents each guess
 // many times can take the place, and wins one token per refill period, as
 // before.
@@ -82,35 +84,67 @@ func (c *demandCounter) present(mac [sha256.Size]byte, now time.Time) int {
 	return rec.n
 }
 
+// current is how many presentations of mac fall in the window at now.
+func (c *demandCounter) current(mac [sha256.Size]byte, now time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rec, ok := c.pairs[mac]
+	if !ok || now.Sub(rec.since) >= demandWindow {
+		return 0
+	}
+	return rec.n
+}
+
+// joinGrace is how long a refused verification that could not take the
+// waiting place waits before it compares demands once more: long enough
+// for the clients presenting the same password at the same moment (a
+// reconnect wave) to join it.
+const joinGrace = 20 * time.Millisecond
+
 // tokenWaiter is the verification waiting for a user's next token.
 type tokenWaiter struct {
-	demand  int
+	demand  func() int    // its password's demand now
 	evicted chan struct{} // closed when a verification in higher demand takes the place
 }
 
 // awaitToken is called when the limits refused a verification of user's
-// password from addr, which demand logins presented lately. If no
-// verification in as high a demand waits for user's next token, it takes
-// the place (evicting the one there) and waits, up to throttleWait, until
-// it can take a token of both buckets; it reports whether it did.
-// Otherwise, or with throttleWait 0, it reports false at once.
-func (r *Registry) awaitToken(user string, addr netip.Addr, demand int) bool {
+// password from addr; demand reads how many logins presented that
+// password lately. If no verification in as high a demand waits for
+// user's next token (now, or after joinGrace), it takes the place
+// (evicting the one there) and waits, up to throttleWait, until it can
+// take a token of both buckets; it reports whether it did. Otherwise, or
+// with throttleWait 0, it reports false.
+func (r *Registry) awaitToken(user string, addr netip.Addr, demand func() int) bool {
 	wait := r.opts.throttleWait
 	if wait <= 0 {
 		return false
 	}
 	l := &r.limiter
 	w := &tokenWaiter{demand: demand, evicted: make(chan struct{})}
-	l.mu.Lock()
-	if cur := l.waiting[user]; cur != nil {
-		if cur.demand >= demand {
-			l.mu.Unlock()
+	claim := func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if cur := l.waiting[user]; cur != nil {
+			if cur.demand() >= w.demand() {
+				return false
+			}
+			close(cur.evicted)
+		}
+		l.waiting[user] = w
+		return true
+	}
+	if !claim() {
+		grace := time.NewTimer(joinGrace)
+		select {
+		case <-grace.C:
+		case <-r.bgCtx.Done():
+			grace.Stop()
 			return false
 		}
-		close(cur.evicted)
+		if !claim() {
+			return false
+		}
 	}
-	l.waiting[user] = w
-	l.mu.Unlock()
 	defer func() {
 		l.mu.Lock()
 		if l.waiting[user] == w {
