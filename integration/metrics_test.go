@@ -347,6 +347,25 @@ func waveClient(addr string, deadline time.Duration) string {
 	return "answered"
 }
 
+// startMetricsProcess is startProcessWith with /metrics served on a free
+// loopback port under namespace; it returns the process and the URL.
+func startMetricsProcess(t *testing.T, opts processOptions) (*process, string) {
+	t.Helper()
+	port := freePort(t)
+	opts.general = joinLines(opts.general, fmt.Sprintf(`openmetrics_port = %d`, port),
+		`openmetrics_host = "127.0.0.1"`, fmt.Sprintf(`openmetrics_namespace = %q`, namespace))
+	return startProcessWith(t, opts), fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+}
+
+// login logs user in through the process and out again.
+func (pr *process) login(ctx context.Context, user, password string) error {
+	conn, err := pgconn.Connect(ctx, fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable&connect_timeout=10", user, password, pr.addr, appDB))
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
+}
+
 // TestPassthroughVerificationMetrics scrapes the pgtender binary's
 // /metrics around passthrough logins: one right (a verification that
 // Postgres accepts), one wrong twice (a rejection, then a refusal from the
@@ -357,20 +376,10 @@ func waveClient(addr string, deadline time.Duration) string {
 func TestPassthroughVerificationMetrics(t *testing.T) {
 	const role, password = "metrics_passthrough", "metrics-password"
 	newRole(t, role, password)
-	metricsPort := freePort(t)
-	pr := startProcessWith(t, processOptions{general: fmt.Sprintf(
-		"openmetrics_port = %d\nopenmetrics_host = \"127.0.0.1\"\nopenmetrics_namespace = %q\npassthrough_auth = \"enabled_plain_allow_change\"",
-		metricsPort, namespace)})
-	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+	pr, url := startMetricsProcess(t, processOptions{general: `passthrough_auth = "enabled_plain_allow_change"`})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	login := func(pw string) error {
-		conn, err := pgconn.Connect(ctx, fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable&connect_timeout=10", role, pw, pr.addr, appDB))
-		if err != nil {
-			return err
-		}
-		return conn.Close(ctx)
-	}
+	login := func(pw string) error { return pr.login(ctx, role, pw) }
 	eventually(t, 10*time.Second, "pgtender to accept logins", func() bool { return login(password) == nil })
 	before := scrape(t, url)
 

@@ -5,8 +5,11 @@ import (
 	"flag"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -565,4 +568,46 @@ func TestReloadUsers(t *testing.T) {
 			t.Fatalf("removed user after the reload: %v, want SQLSTATE 28P01", err)
 		}
 	})
+}
+
+// TestReloadUsersSIGHUP is TestReloadUsers's passthrough case on the
+// pgtender binary with a real SIGHUP, counting verifications on /metrics.
+func TestReloadUsersSIGHUP(t *testing.T) {
+	const learned, listed, password = "sighup_learned", "sighup_listed", "sighup-password"
+	newRole(t, learned, password)
+	newRole(t, listed, password)
+	pr, url := startMetricsProcess(t, processOptions{
+		users: joinLines(`[[users]]`, `name = "`+listed+`"`, `database = "`+appDB+`"`, `pool_size = 3`),
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	login := func(user string) error { return pr.login(ctx, user, password) }
+	verified := func() float64 {
+		return mustSample(t, scrape(t, url), namespace+"passthrough_verifications_total", map[string]string{"result": "ok"})
+	}
+	eventually(t, 10*time.Second, "pgtender to accept logins", func() bool { return login(learned) == nil })
+	if err := login(listed); err != nil {
+		t.Fatal(err)
+	}
+	if got := verified(); got != 2 {
+		t.Fatalf("%v verifications before the reload, want 2", got)
+	}
+
+	writeFile(t, filepath.Join(filepath.Dir(pr.configPath), "users.toml"), "")
+	pr.cmd.Process.Signal(syscall.SIGHUP)
+	eventually(t, 5*time.Second, "reload", func() bool {
+		return strings.Contains(pr.output.String(), "configuration reloaded")
+	})
+	if err := login(learned); err != nil {
+		t.Fatalf("learned user after SIGHUP: %v", err)
+	}
+	if got := verified(); got != 2 {
+		t.Errorf("the learned user was verified again after SIGHUP (%v verifications, want 2)", got)
+	}
+	if err := login(listed); err != nil {
+		t.Fatalf("removed user after SIGHUP: %v", err)
+	}
+	if got := verified(); got != 3 {
+		t.Errorf("the removed user's password was not verified again after SIGHUP (%v verifications, want 3)", got)
+	}
 }
