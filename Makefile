@@ -5,7 +5,7 @@ GO ?= go
 # A fresh shell may not have Go on PATH yet; the official tarball installs here.
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: build run test test-short bench bench-wave fmt clean
+.PHONY: build run test test-short test-auth-full bench bench-wave fmt clean
 
 build:
 	$(GO) build -o bin/pgtender ./cmd/pgtender
@@ -23,6 +23,11 @@ test:
 # No PostgreSQL needed: testpg.StartTB skips under -short.
 test-short:
 	$(GO) test -short ./...
+
+# Issue 4's wrong-password run at full size: 10,000 right and 10,000 wrong
+# logins per mode and pool state (make test runs 1,000 of each). A few minutes.
+test-auth-full:
+	$(GO) test -count=1 -timeout 30m -run 'TestWrongPasswords' -v ./integration -args -wrong-password-logins=10000
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

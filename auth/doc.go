@@ -37,7 +37,8 @@
 // once it is older than the reverify interval.
 //
 // Errors: ErrPasswordMismatch (the client gets FATAL 28P01), ErrThrottled
-// (wraps ErrPasswordMismatch: 28P01 too, counted apart), ErrProtocol (the
+// and ErrCachedRejection (both wrap ErrPasswordMismatch: 28P01 too,
+// counted and logged apart), ErrProtocol (the
 // client broke the exchange: FATAL 08P01), ErrUnusableSecret (configuration:
 // logged, and the client gets 28P01). Passwords never appear in errors or in
 // the String form of any value of this package.

@@ -257,7 +257,7 @@ func FuzzRegistryAuthenticate(f *testing.F) {
 		}
 		// Only the sentinels themselves: their text cannot show the
 		// password.
-		if err != nil && err != ErrPasswordMismatch && err != ErrThrottled {
+		if err != nil && err != ErrPasswordMismatch && err != ErrThrottled && err != ErrCachedRejection {
 			t.Fatalf("Authenticate(%s): unexpected error: %v", login, err)
 		}
 	})

@@ -34,11 +34,15 @@ type limiter struct {
 	mu    sync.Mutex
 	users buckets[string]
 	addrs buckets[netip.Addr]
+	// waiting holds, per user, the one verification waiting for the next
+	// token (throttle.go).
+	waiting map[string]*tokenWaiter
 }
 
 func (l *limiter) init(perUser, perAddress Limit) {
 	l.users.init(perUser)
 	l.addrs.init(perAddress)
+	l.waiting = make(map[string]*tokenWaiter)
 }
 
 // reserve takes a token for user and for addr (when valid), or neither,
@@ -47,19 +51,31 @@ func (l *limiter) reserve(user string, addr netip.Addr, now time.Time) bool {
 	if l.users.off() && l.addrs.off() {
 		return true
 	}
-	a, hasAddr := addrKey(addr)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	ok, _ := l.reserveLocked(user, addr, now)
+	return ok
+}
+
+// reserveLocked is reserve with l.mu held. When it takes no token, wait
+// is how long until both buckets will have one (if nothing else takes
+// them first).
+func (l *limiter) reserveLocked(user string, addr netip.Addr, now time.Time) (ok bool, wait time.Duration) {
+	a, hasAddr := addrKey(addr)
 	l.users.maybeSweep(now, limiterSweepEvery)
 	l.addrs.maybeSweep(now, limiterSweepEvery)
 	if !l.users.allows(user, now) || hasAddr && !l.addrs.allows(a, now) {
-		return false
+		wait = l.users.untilToken(user, now)
+		if hasAddr {
+			wait = max(wait, l.addrs.untilToken(a, now))
+		}
+		return false, wait
 	}
 	l.users.take(user, now)
 	if hasAddr {
 		l.addrs.take(a, now)
 	}
-	return true
+	return true, 0
 }
 
 // refund gives back the tokens of a reserve whose verification did not
@@ -132,6 +148,16 @@ func (b *buckets[K]) allows(k K, now time.Time) bool {
 		return true
 	}
 	return !tat.After(now.Add(time.Duration(b.limit.Burst-1) * b.limit.Every))
+}
+
+// untilToken is how long until k has a token, 0 if it has one now (or no
+// bucket is kept for it: a full key table refuses until a sweep).
+func (b *buckets[K]) untilToken(k K, now time.Time) time.Duration {
+	tat, ok := b.tat[k]
+	if b.off() || !ok {
+		return 0
+	}
+	return max(tat.Sub(now)-time.Duration(b.limit.Burst-1)*b.limit.Every, 0)
 }
 
 // take spends one token of k; allows must have said yes.

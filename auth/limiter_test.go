@@ -250,3 +250,38 @@ func TestLimiterBoundedMemory(t *testing.T) {
 		t.Fatalf("%d buckets after the refund, want 0", len(l.users.tat))
 	}
 }
+
+func TestVerificationStats(t *testing.T) {
+	// Each slow-path outcome is counted once, under its own name; the fast
+	// path counts nowhere.
+	ctx := context.Background()
+	clock := newFakeClock()
+	r := newRegistry(t, config.PassthroughEnabledPlainAllowChange, withClock(clock.Now),
+		WithFailureLimits(Limit{Burst: 2, Every: time.Second}, Limit{}))
+	pg := newFakePostgres(r, "alice", "pencil")
+	login := func(password string) error {
+		return r.Authenticate(ctx, Login{Key: alice, Password: password}, pg.verify)
+	}
+	steps := []struct {
+		password string
+		want     error
+	}{
+		{"pencil", nil},                 // ok: a round trip
+		{"pencil", nil},                 // fast path: not counted
+		{"guess1", ErrPasswordMismatch}, // rejected: a round trip
+		{"guess1", ErrCachedRejection},  // from the negative cache
+		{"guess2", ErrPasswordMismatch}, // rejected: the bucket is empty now
+		{"guess3", ErrThrottled},        // throttled
+		{"guess2", ErrCachedRejection},  // from the negative cache
+		{"pencil", nil},                 // fast path, whatever the bucket
+	}
+	for i, step := range steps {
+		if err := login(step.password); err != step.want {
+			t.Fatalf("step %d (%s): err %v, want %v", i, step.password, err, step.want)
+		}
+	}
+	want := VerificationStats{OK: 1, Rejected: 2, Throttled: 1, CachedRejection: 2}
+	if got := r.VerificationStats(); got != want {
+		t.Fatalf("stats %+v, want %+v", got, want)
+	}
+}

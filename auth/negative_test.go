@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -42,11 +43,11 @@ func TestNegativeCacheRefusesWithoutPostgres(t *testing.T) {
 			r := newRegistry(t, mode, withClock(clock.Now), WithNegativeCacheTTL(10*time.Second))
 			pg := newFakePostgres(r, "alice", "pencil")
 			login := Login{Key: alice, Password: "crayon"}
-			if err := r.Authenticate(ctx, login, pg.verify); err != ErrPasswordMismatch {
+			if err := r.Authenticate(ctx, login, pg.verify); !errors.Is(err, ErrPasswordMismatch) {
 				t.Fatalf("wrong password: %v", err)
 			}
 			for range 100 {
-				if err := r.Authenticate(ctx, login, pg.verify); err != ErrPasswordMismatch {
+				if err := r.Authenticate(ctx, login, pg.verify); !errors.Is(err, ErrPasswordMismatch) {
 					t.Fatalf("wrong password again: %v", err)
 				}
 			}
@@ -54,7 +55,7 @@ func TestNegativeCacheRefusesWithoutPostgres(t *testing.T) {
 				t.Fatalf("verify calls = %d for 101 logins with one rejected password, want 1", got)
 			}
 			// Another wrong password is another pair.
-			if err := r.Authenticate(ctx, Login{Key: alice, Password: "chalk"}, pg.verify); err != ErrPasswordMismatch || pg.calls.Load() != 2 {
+			if err := r.Authenticate(ctx, Login{Key: alice, Password: "chalk"}, pg.verify); !errors.Is(err, ErrPasswordMismatch) || pg.calls.Load() != 2 {
 				t.Fatalf("another wrong password: err %v, calls %d", err, pg.calls.Load())
 			}
 			// The right one is not blocked by them.
@@ -62,7 +63,7 @@ func TestNegativeCacheRefusesWithoutPostgres(t *testing.T) {
 				t.Fatalf("right password: %v", err)
 			}
 			clock.Advance(10 * time.Second)
-			if err := r.Authenticate(ctx, login, pg.verify); err != ErrPasswordMismatch {
+			if err := r.Authenticate(ctx, login, pg.verify); !errors.Is(err, ErrPasswordMismatch) {
 				t.Fatalf("wrong password after the TTL: %v", err)
 			}
 			want := int64(4) // crayon, chalk, pencil, crayon again
@@ -83,12 +84,12 @@ func TestNegativeCacheExpiresForAPasswordThatBecomesValid(t *testing.T) {
 	clock := newFakeClock()
 	r := newRegistry(t, config.PassthroughEnabledPlainAllowChange, withClock(clock.Now), WithNegativeCacheTTL(10*time.Second))
 	pg := newFakePostgres(r, "alice", "old")
-	if err := r.Authenticate(ctx, Login{Key: alice, Password: "new"}, pg.verify); err != ErrPasswordMismatch {
+	if err := r.Authenticate(ctx, Login{Key: alice, Password: "new"}, pg.verify); !errors.Is(err, ErrPasswordMismatch) {
 		t.Fatalf("new password before the change: %v", err)
 	}
 	pg.setPassword("alice", "new")
 	clock.Advance(9 * time.Second)
-	if err := r.Authenticate(ctx, Login{Key: alice, Password: "new"}, pg.verify); err != ErrPasswordMismatch || pg.calls.Load() != 1 {
+	if err := r.Authenticate(ctx, Login{Key: alice, Password: "new"}, pg.verify); !errors.Is(err, ErrPasswordMismatch) || pg.calls.Load() != 1 {
 		t.Fatalf("within the TTL: err %v, calls %d; want ErrPasswordMismatch without a call", err, pg.calls.Load())
 	}
 	clock.Advance(time.Second)
@@ -124,12 +125,12 @@ func TestNegativeCacheRotationWave(t *testing.T) {
 	waitFor(t, "the wave to wait on one verification", func() bool { return joined.Load() == wave })
 	close(pg.gate)
 	for range wave {
-		if err := <-errs; err != ErrPasswordMismatch {
+		if err := <-errs; !errors.Is(err, ErrPasswordMismatch) {
 			t.Fatalf("old password: %v", err)
 		}
 	}
 	for range wave { // the next wave: the negative cache answers
-		if err := r.Authenticate(ctx, Login{Key: alice, Password: "old"}, pg.verify); err != ErrPasswordMismatch {
+		if err := r.Authenticate(ctx, Login{Key: alice, Password: "old"}, pg.verify); !errors.Is(err, ErrPasswordMismatch) {
 			t.Fatalf("old password, second wave: %v", err)
 		}
 	}
@@ -147,7 +148,7 @@ func TestNegativeCacheBounded(t *testing.T) {
 	verify := func(context.Context, Key, string) error { return ErrRejected }
 	for i := range 40_000 {
 		key := Key{User: fmt.Sprintf("u%d", i%500), Database: "app"}
-		if err := r.Authenticate(ctx, Login{Key: key, Password: fmt.Sprint("wrong", i)}, verify); err != ErrPasswordMismatch {
+		if err := r.Authenticate(ctx, Login{Key: key, Password: fmt.Sprint("wrong", i)}, verify); !errors.Is(err, ErrPasswordMismatch) {
 			t.Fatal(err)
 		}
 	}

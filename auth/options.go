@@ -17,6 +17,11 @@ const (
 // client address: 5 at once, then one more per second.
 var DefaultFailureLimit = Limit{Burst: 5, Every: time.Second}
 
+// DefaultThrottleWait is how long a verification refused by the failure
+// limits may wait for the next token, when it is the password most clients
+// presented among those refused (see Registry.Authenticate).
+const DefaultThrottleWait = time.Second
+
 // Limit is a token bucket of failed verifications: Burst of them at once,
 // then one more per Every. A Limit without a positive Burst and a
 // positive Every, the zero Limit for one, means no limit.
@@ -33,6 +38,7 @@ type options struct {
 	negativeTTL      time.Duration
 	userLimit        Limit
 	addrLimit        Limit
+	throttleWait     time.Duration
 	// now is the clock; tests replace it (clockInjected), and then the
 	// fast path reads it too instead of the coarse clock.
 	now           func() time.Time
@@ -45,6 +51,7 @@ func defaultOptions() options {
 		negativeTTL:      DefaultNegativeCacheTTL,
 		userLimit:        DefaultFailureLimit,
 		addrLimit:        DefaultFailureLimit,
+		throttleWait:     DefaultThrottleWait,
 		now:              time.Now,
 	}
 }
@@ -67,6 +74,12 @@ func WithNegativeCacheTTL(d time.Duration) Option {
 // and per client address. A zero Limit turns that limit off.
 func WithFailureLimits(perUser, perAddress Limit) Option {
 	return func(o *options) { o.userLimit, o.addrLimit = perUser, perAddress }
+}
+
+// WithThrottleWait sets how long a throttled verification may wait for
+// the next token (DefaultThrottleWait); 0 (or less) refuses it at once.
+func WithThrottleWait(d time.Duration) Option {
+	return func(o *options) { o.throttleWait = max(d, 0) }
 }
 
 // withClock replaces time.Now, for tests.

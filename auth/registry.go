@@ -63,7 +63,52 @@ var (
 	// It wraps ErrPasswordMismatch, so the client gets FATAL 28P01 like
 	// for any wrong password; the pooler can count it apart.
 	ErrThrottled = fmt.Errorf("%w (too many failed attempts: not verified)", ErrPasswordMismatch)
+
+	// ErrCachedRejection is returned instead of asking Postgres when
+	// Postgres rejected the same (key, password) within the negative cache
+	// TTL. It wraps ErrPasswordMismatch, so the client gets FATAL 28P01;
+	// the pooler can log it apart.
+	ErrCachedRejection = fmt.Errorf("%w (rejected by Postgres recently: not asked again)", ErrPasswordMismatch)
 )
+
+// VerificationStats counts what a Registry did on its slow path, since it
+// was made. OK, Rejected and Error are round trips to Postgres (a
+// verification shared by several clients counts once; background
+// re-verifications count too); Throttled are verifications not made
+// because a failed-verification bucket was empty (once per verification
+// that would have been made); CachedRejection are logins refused from the
+// negative cache. A login with the verified password (the fast path)
+// counts nowhere.
+type VerificationStats struct {
+	OK, Rejected, Error        uint64
+	Throttled, CachedRejection uint64
+}
+
+// verificationCounters are a Registry's VerificationStats as atomics.
+type verificationCounters struct {
+	ok, rejected, failed, throttled, cached atomic.Uint64
+}
+
+// count adds the outcome of one round trip to Postgres.
+func (c *verificationCounters) count(err error) {
+	switch {
+	case err == nil:
+		c.ok.Add(1)
+	case errors.Is(err, ErrRejected):
+		c.rejected.Add(1)
+	default:
+		c.failed.Add(1)
+	}
+}
+
+// VerificationStats returns the registry's counters now.
+func (r *Registry) VerificationStats() VerificationStats {
+	c := &r.counters
+	return VerificationStats{
+		OK: c.ok.Load(), Rejected: c.rejected.Load(), Error: c.failed.Load(),
+		Throttled: c.throttled.Load(), CachedRejection: c.cached.Load(),
+	}
+}
 
 // VerifyFunc opens a real server connection to Postgres as key.User with
 // password, and keeps it: the pooler's function puts it into the pool. It
@@ -128,8 +173,9 @@ type Registry struct {
 	snaps  [numShards]atomic.Pointer[snapshot]
 	shards [numShards]shard
 
-	flights singleflight.Group
-	limiter limiter
+	flights  singleflight.Group
+	limiter  limiter
+	counters verificationCounters
 
 	// Background re-verifications: tracked so Close can end them.
 	bgMu     sync.Mutex
@@ -159,6 +205,7 @@ type shard struct {
 	epoch uint64
 
 	negative negativeCache
+	demand   demandCounter
 }
 
 // snapshot is one immutable generation of a shard.
@@ -243,13 +290,17 @@ func (r *Registry) Close() {
 //   - another password for a known key, in a mode without allow_change:
 //     ErrPasswordMismatch, without asking Postgres;
 //   - a (key, password) Postgres rejected within the negative cache TTL:
-//     ErrPasswordMismatch, without asking Postgres;
+//     ErrCachedRejection (wrapping ErrPasswordMismatch), without asking
+//     Postgres;
 //   - an unknown key, or another password under *_allow_change: verify is
 //     called first, and the password is stored only if Postgres accepted
 //     it. Concurrent calls for the same key and password share one verify.
 //     Before it, the verification takes a token from the failed-verification
 //     buckets of the user and of the client address; without one every
-//     caller sharing it gets ErrThrottled. A rejection keeps the tokens and
+//     caller sharing it gets ErrThrottled, unless its password is the one
+//     most presented lately among those refused for the user: that one
+//     verification waits for the next token, up to DefaultThrottleWait
+//     (throttle.go). A rejection keeps the tokens and
 //     is remembered in the negative cache; any other outcome gives them
 //     back. An error wrapping ErrRejected becomes ErrPasswordMismatch; any
 //     other verify error is returned (wrapped, with the key) and nothing is
@@ -259,8 +310,9 @@ func (r *Registry) Close() {
 // attempts, and never delays a client presenting the verified password.
 // The price: while a user's bucket is empty, a correct password that still
 // needs verifying (a first login after a restart, a new password under
-// allow_change) is refused too (ErrThrottled). A retry gets through when
-// it finds a token: soon once the flood stops, by luck while it goes on.
+// allow_change) waits for the next token, up to a refill period, when many
+// clients present it; the first logins with it may be refused
+// (ErrThrottled) before it is the most presented one.
 // Verification attempts are limited; the fast path always works.
 //
 // When ctx ends first, Authenticate returns ctx's error while the shared
@@ -323,19 +375,25 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 	mac := r.mac(key, password)
 	now := r.opts.now()
 	if sh.negative.rejected(mac, now) {
-		return ErrPasswordMismatch
+		r.counters.cached.Add(1)
+		return ErrCachedRejection
 	}
+	sh.demand.present(mac, now)
+	demand := func() int { return sh.demand.current(mac, r.opts.now()) }
 	sh.mu.Lock()
 	epoch := sh.epoch
 	sh.mu.Unlock()
 
 	detached := context.WithoutCancel(ctx)
 	results := r.flights.DoChan(string(mac[:]), func() (any, error) {
-		if !r.limiter.reserve(key.User, login.ClientAddr, r.opts.now()) {
+		if !r.limiter.reserve(key.User, login.ClientAddr, r.opts.now()) &&
+			!r.awaitToken(key.User, login.ClientAddr, demand) {
+			r.counters.throttled.Add(1)
 			return nil, ErrThrottled
 		}
 		started := r.opts.now()
 		err := verify(detached, key, password)
+		r.counters.count(err)
 		if errors.Is(err, ErrRejected) {
 			// Keep the tokens: this is the failure they limit.
 			sh.negative.add(mac, r.opts.now(), r.opts.negativeTTL)
@@ -486,12 +544,13 @@ func (r *Registry) Forget(key Key) {
 func (r *Registry) MarkStale(key Key, password string) bool {
 	i := r.shardIndex(key)
 	sh := &r.shards[i]
+	// Postgres refused the pair, whether or not it is still the stored
+	// one. Cached before the removal, so no login in between asks again.
+	sh.negative.add(r.mac(key, password), r.opts.now(), r.opts.negativeTTL)
 	sh.mu.Lock()
 	e, ok := r.snaps[i].Load().entries[key]
 	removed := ok && e.matches(password) && r.removeLocked(i, key, e)
 	sh.mu.Unlock()
-	// Postgres refused the pair, whether or not it is still the stored one.
-	sh.negative.add(r.mac(key, password), r.opts.now(), r.opts.negativeTTL)
 	return removed
 }
 

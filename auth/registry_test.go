@@ -94,9 +94,12 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 var alice = Key{User: "alice", Database: "app"}
 
-// newRegistry is NewRegistry, closed when the test ends.
+// newRegistry is NewRegistry, closed when the test ends. A throttled
+// verification is refused at once unless opts say otherwise: the wait for
+// a token runs on real time, which the tests' fake clocks do not advance
+// (throttle_test.go tests the wait on real time).
 func newRegistry(tb testing.TB, mode config.PassthroughAuth, opts ...Option) *Registry {
-	r := NewRegistry(mode, opts...)
+	r := NewRegistry(mode, append([]Option{WithThrottleWait(0)}, opts...)...)
 	tb.Cleanup(r.Close)
 	return r
 }

@@ -72,6 +72,7 @@ func (r *Registry) maybeReverify(ctx context.Context, i int, key Key, e *entry, 
 func (r *Registry) reverify(ctx context.Context, i int, key Key, e *entry, verify VerifyFunc) {
 	started := r.opts.now()
 	err := verify(ctx, key, e.password)
+	r.counters.count(err)
 	sh := &r.shards[i]
 	switch {
 	case err == nil:
@@ -81,10 +82,12 @@ func (r *Registry) reverify(ctx context.Context, i int, key Key, e *entry, verif
 		}
 		sh.mu.Unlock()
 	case errors.Is(err, ErrRejected):
+		// Into the negative cache first, so no login finds the entry gone
+		// and the pair not yet cached, and asks Postgres again.
+		sh.negative.add(r.mac(key, e.password), r.opts.now(), r.opts.negativeTTL)
 		sh.mu.Lock()
 		r.removeLocked(i, key, e)
 		sh.mu.Unlock()
-		sh.negative.add(r.mac(key, e.password), r.opts.now(), r.opts.negativeTTL)
 	case ctx.Err() != nil:
 		// Close: nothing more is wanted of this registry's background work.
 	default:

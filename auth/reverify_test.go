@@ -68,7 +68,7 @@ func TestReverifyRejectedRemoves(t *testing.T) {
 			// …and refused after it, from the negative cache.
 			calls := pg.calls.Load()
 			for range 10 {
-				if err := r.Authenticate(ctx, Login{Key: alice, Password: "pencil"}, pg.verify); err != ErrPasswordMismatch {
+				if err := r.Authenticate(ctx, Login{Key: alice, Password: "pencil"}, pg.verify); err != ErrCachedRejection {
 					t.Fatalf("old password after the check: %v", err)
 				}
 			}
@@ -252,7 +252,7 @@ func TestMarkStale(t *testing.T) {
 				t.Fatal("a second MarkStale reported true")
 			}
 			calls := pg.calls.Load()
-			if err := r.Authenticate(ctx, Login{Key: alice, Password: current}, pg.verify); err != ErrPasswordMismatch || pg.calls.Load() != calls {
+			if err := r.Authenticate(ctx, Login{Key: alice, Password: current}, pg.verify); err != ErrCachedRejection || pg.calls.Load() != calls {
 				t.Fatalf("stale password: err %v, calls %d→%d; want refused from the negative cache", err, calls, pg.calls.Load())
 			}
 			pg.mu.Lock()

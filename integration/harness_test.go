@@ -92,6 +92,8 @@ type testPooler struct {
 	addr string
 	cfg  *config.Config
 	logs *syncBuffer // the pooler's log (JSON lines)
+	// configPath and usersPath are the files cfg was loaded from.
+	configPath, usersPath string
 }
 
 // startPooler writes pgdog.toml and users.toml for opts, loads them with
@@ -167,7 +169,7 @@ port = %d
 			t.Logf("pgtender log:\n%s", logs.String())
 		}
 	})
-	return &testPooler{Pooler: p, addr: p.Addr().String(), cfg: cfg, logs: logs}
+	return &testPooler{Pooler: p, addr: p.Addr().String(), cfg: cfg, logs: logs, configPath: configPath, usersPath: usersPath}
 }
 
 // connString is a libpq URL for user/password/database through the pooler.

@@ -13,10 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/pgtender/pgtender/auth"
 )
 
 // namespace is the openmetrics_namespace the metrics tests configure.
@@ -342,4 +345,87 @@ func waveClient(addr string, deadline time.Duration) string {
 		return "closed"
 	}
 	return "answered"
+}
+
+// startMetricsProcess is startProcessWith with /metrics served on a free
+// loopback port under namespace; it returns the process and the URL.
+func startMetricsProcess(t *testing.T, opts processOptions) (*process, string) {
+	t.Helper()
+	port := freePort(t)
+	opts.general = joinLines(opts.general, fmt.Sprintf(`openmetrics_port = %d`, port),
+		`openmetrics_host = "127.0.0.1"`, fmt.Sprintf(`openmetrics_namespace = %q`, namespace))
+	return startProcessWith(t, opts), fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+}
+
+// login logs user in through the process and out again.
+func (pr *process) login(ctx context.Context, user, password string) error {
+	conn, err := pgconn.Connect(ctx, fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable&connect_timeout=10", user, password, pr.addr, appDB))
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
+}
+
+// TestPassthroughVerificationMetrics scrapes the pgtender binary's
+// /metrics around passthrough logins: one right (a verification that
+// Postgres accepts), one wrong twice (a rejection, then a refusal from the
+// negative cache), then ten distinct wrong ones at once (rejected while the
+// failure bucket has tokens, throttled after). passthrough_verifications_total
+// must count each under its result, and logins_total{result="auth_failed"}
+// every refused login, throttled ones included.
+func TestPassthroughVerificationMetrics(t *testing.T) {
+	const role, password = "metrics_passthrough", "metrics-password"
+	newRole(t, role, password)
+	pr, url := startMetricsProcess(t, processOptions{general: `passthrough_auth = "enabled_plain_allow_change"`})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	login := func(pw string) error { return pr.login(ctx, role, pw) }
+	eventually(t, 10*time.Second, "pgtender to accept logins", func() bool { return login(password) == nil })
+	before := scrape(t, url)
+
+	if err := login(wrongPassword); sqlState(err) != "28P01" {
+		t.Fatalf("wrong password: %v", err)
+	}
+	if err := login(wrongPassword); sqlState(err) != "28P01" {
+		t.Fatalf("wrong password again: %v", err)
+	}
+	const distinct = 10
+	errs := make(chan error, distinct)
+	for range distinct {
+		go func() { errs <- login(randomPassword()) }()
+	}
+	for range distinct {
+		if err := <-errs; sqlState(err) != "28P01" {
+			t.Fatalf("distinct wrong password: %v", err)
+		}
+	}
+
+	after := scrape(t, url)
+	delta := func(name string, labels map[string]string) float64 {
+		return mustSample(t, after, namespace+name, labels) - mustSample(t, before, namespace+name, labels)
+	}
+	verifications := map[string]float64{}
+	for _, result := range []string{"ok", "rejected", "error", "throttled", "cached_rejection"} {
+		verifications[result] = mustSample(t, after, namespace+"passthrough_verifications_total", map[string]string{"result": result})
+	}
+	if typ := after[namespace+"passthrough_verifications_total"].GetType(); typ != dto.MetricType_COUNTER {
+		t.Errorf("passthrough_verifications_total is a %s, want a counter", typ)
+	}
+	t.Logf("passthrough_verifications_total: %v; logins_total{auth_failed} +%v", verifications, delta("logins_total", map[string]string{"result": "auth_failed"}))
+	// The first login, made before the first scrape, is the one verification
+	// that succeeded; the failure bucket holds 5 tokens, and the one
+	// verification that may wait for a token can take one more.
+	limit := auth.DefaultFailureLimit
+	if verifications["ok"] != 1 || verifications["cached_rejection"] != 1 || verifications["error"] != 0 {
+		t.Errorf("ok %v, cached_rejection %v, error %v; want 1, 1, 0", verifications["ok"], verifications["cached_rejection"], verifications["error"])
+	}
+	if got := verifications["rejected"] + verifications["throttled"]; got != 1+distinct {
+		t.Errorf("rejected + throttled = %v, want %d (each distinct wrong password once)", got, 1+distinct)
+	}
+	if verifications["rejected"] > float64(limit.Burst+1) || verifications["throttled"] < float64(distinct-limit.Burst) {
+		t.Errorf("rejected %v, throttled %v; want at most %d rejected", verifications["rejected"], verifications["throttled"], limit.Burst+1)
+	}
+	if got := delta("logins_total", map[string]string{"result": "auth_failed"}); got != 2+distinct {
+		t.Errorf("logins_total{result=auth_failed} grew by %v, want %d", got, 2+distinct)
+	}
 }

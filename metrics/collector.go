@@ -15,6 +15,7 @@ type Source interface {
 	PoolStats() []pooler.PoolStats
 	ClientCount() int64
 	ListenSockets() []pooler.ListenSocket
+	PassthroughVerifications() pooler.PassthroughVerifications
 }
 
 var _ Source = (*pooler.Pooler)(nil)
@@ -40,9 +41,10 @@ type Collector struct {
 	log         *zap.Logger
 	netstatPath string
 
-	pool         []poolMetric
-	checkoutWait *prometheus.Desc
-	clients      *prometheus.Desc
+	pool          []poolMetric
+	checkoutWait  *prometheus.Desc
+	clients       *prometheus.Desc
+	verifications *prometheus.Desc
 
 	queueLength, queueCapacity *prometheus.Desc
 	overflows, drops           *prometheus.Desc
@@ -112,6 +114,10 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 		checkoutWait: desc("checkout_wait_seconds",
 			"Time a client waited for a server connection, per checkout (a connection taken at once falls in the first bucket)."),
 		clients: prometheus.NewDesc(namespace+"clients", "Client connections open, logged in or not.", nil, nil),
+		verifications: prometheus.NewDesc(namespace+"passthrough_verifications_total",
+			"What the passthrough registry did with a password it had not verified: a round trip to Postgres (result ok, rejected, error), "+
+				"none because a failed-verification limit was reached (throttled), or a refusal from the negative cache (cached_rejection).",
+			[]string{"result"}, nil),
 
 		queueLength: prometheus.NewDesc(namespace+"listen_queue_length",
 			"Connections in a listening socket's accept queue: handshake completed, not yet accepted by pgtender (TCP_INFO tcpi_unacked). "+
@@ -139,6 +145,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- c.checkoutWait
 	ch <- c.clients
+	ch <- c.verifications
 	ch <- c.queueLength
 	ch <- c.queueCapacity
 	ch <- c.overflows
@@ -149,8 +156,19 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.clients, prometheus.GaugeValue, float64(c.source.ClientCount()))
 	c.collectPools(ch)
+	c.collectVerifications(ch)
 	c.collectListenQueues(ch)
 	c.collectNetstat(ch)
+}
+
+func (c *Collector) collectVerifications(ch chan<- prometheus.Metric) {
+	v := c.source.PassthroughVerifications()
+	for _, r := range [...]struct {
+		result string
+		n      uint64
+	}{{"ok", v.OK}, {"rejected", v.Rejected}, {"error", v.Error}, {"throttled", v.Throttled}, {"cached_rejection", v.CachedRejection}} {
+		ch <- prometheus.MustNewConstMetric(c.verifications, prometheus.CounterValue, float64(r.n), r.result)
+	}
 }
 
 func (c *Collector) collectPools(ch chan<- prometheus.Metric) {

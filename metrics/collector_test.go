@@ -19,10 +19,11 @@ import (
 
 // fakeSource is a Source whose figures a test sets.
 type fakeSource struct {
-	mu      sync.Mutex
-	pools   []pooler.PoolStats
-	clients int64
-	sockets []pooler.ListenSocket
+	mu            sync.Mutex
+	pools         []pooler.PoolStats
+	clients       int64
+	sockets       []pooler.ListenSocket
+	verifications pooler.PassthroughVerifications
 }
 
 func (f *fakeSource) PoolStats() []pooler.PoolStats {
@@ -35,6 +36,12 @@ func (f *fakeSource) ClientCount() int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.clients
+}
+
+func (f *fakeSource) PassthroughVerifications() pooler.PassthroughVerifications {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.verifications
 }
 
 func (f *fakeSource) ListenSockets() []pooler.ListenSocket {
@@ -157,6 +164,26 @@ func TestCollectorPools(t *testing.T) {
 	}
 	if n := len(h.GetBucket()); n != len(pooler.CheckoutWaitBuckets)+1 {
 		t.Errorf("checkout_wait_seconds has %d buckets, want %d and +Inf", n, len(pooler.CheckoutWaitBuckets))
+	}
+}
+
+// TestCollectorPassthroughVerifications checks that every result of the
+// passthrough verification counter is served, as a counter, from the start.
+func TestCollectorPassthroughVerifications(t *testing.T) {
+	source := &fakeSource{verifications: pooler.PassthroughVerifications{OK: 3, Rejected: 5, Error: 1, Throttled: 40}}
+	collector := NewCollector("pgdog_", source, nil)
+	collector.netstatPath = "/nonexistent"
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collector)
+	families := scrapeFamilies(t, registry)
+	const name = "pgdog_passthrough_verifications_total"
+	if typ := typeOf(t, families, name); typ != dto.MetricType_COUNTER {
+		t.Errorf("%s is a %s, want a counter", name, typ)
+	}
+	for result, want := range map[string]float64{"ok": 3, "rejected": 5, "error": 1, "throttled": 40, "cached_rejection": 0} {
+		if v := value(t, families, name, labels("result", result)); v != want {
+			t.Errorf("%s{result=%s} = %v, want %v", name, result, v, want)
+		}
 	}
 }
 

@@ -11,7 +11,11 @@ import (
 // whose database or user is gone, or whose endpoint changed, are closed
 // (linked connections close when their clients let go of them) and are
 // created again on next use. Passthrough users learned at run time are
-// kept while their database exists. Keys that need a restart are logged.
+// kept while their database exists; a user removed from users.toml is
+// removed under passthrough too: its pool is closed and its verified
+// password forgotten, so its next login is verified against Postgres
+// again (with the pool settings it now gets). Keys that need a restart
+// are logged.
 func (p *Pooler) Reload(cfg *config.Config) error {
 	old := p.state.Load()
 	diff := config.Diff(old.cfg, cfg)
@@ -31,12 +35,22 @@ func (p *Pooler) Reload(cfg *config.Config) error {
 	}
 	p.state.Store(state)
 
+	// removed reports whether users.toml had an entry for (user, database)
+	// before this reload and has none now.
+	removed := func(user, database string) bool {
+		_, was := old.cfg.User(user, database)
+		_, is := cfg.User(user, database)
+		return was && !is
+	}
 	p.poolsMu.Lock()
 	var closed []*Pool
 	for key, pool := range p.pools {
 		endpoint, settings, ok := poolConfig(cfg, key)
 		if ok && !cfg.General.PassthroughAuth.Enabled() {
 			_, ok = cfg.User(key.user, key.database)
+		}
+		if removed(key.user, key.database) {
+			ok = false
 		}
 		if !ok || endpoint != pool.endpoint || settings.mode != pool.settings.Load().mode {
 			delete(p.pools, key)
@@ -51,7 +65,7 @@ func (p *Pooler) Reload(cfg *config.Config) error {
 	}
 	p.createConfiguredPools()
 	for _, key := range p.registry.Keys() {
-		if _, ok := cfg.Database(key.Database); !ok {
+		if _, ok := cfg.Database(key.Database); !ok || removed(key.User, key.Database) {
 			p.registry.Forget(key)
 		}
 	}

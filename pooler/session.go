@@ -476,6 +476,11 @@ func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
 		case err == nil:
 			return nil
 		case errors.Is(err, auth.ErrPasswordMismatch):
+			// The cause says whether Postgres was asked, or the refusal came
+			// from the negative cache or a failure limit (ErrCachedRejection,
+			// ErrThrottled): it goes to the "login refused" line, which the
+			// logger samples under a storm. It never holds the password.
+			failed.err = err
 			return failed
 		default:
 			return fatalError(sqlstateConnectionFailure, "could not verify the password with the database server", err)

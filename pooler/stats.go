@@ -162,3 +162,22 @@ func (p *Pooler) ListenSockets() []ListenSocket {
 	}
 	return sockets
 }
+
+// PassthroughVerifications counts what the passthrough registry did on its
+// slow path since the pooler started (all zero without passthrough):
+// round trips to Postgres by outcome (OK, Rejected, Error; background
+// re-verifications included, a verification shared by several clients
+// once), verifications not made because a failed-verification limit was
+// reached (Throttled), and logins refused from the negative cache
+// (CachedRejection). Logins with the verified password count nowhere.
+type PassthroughVerifications struct {
+	OK, Rejected, Error        uint64
+	Throttled, CachedRejection uint64
+}
+
+// PassthroughVerifications returns the registry's counters now.
+func (p *Pooler) PassthroughVerifications() PassthroughVerifications {
+	s := p.registry.VerificationStats()
+	return PassthroughVerifications{OK: s.OK, Rejected: s.Rejected, Error: s.Error,
+		Throttled: s.Throttled, CachedRejection: s.CachedRejection}
+}
