@@ -67,7 +67,7 @@ const shedMessage = "pgtender is overloaded: too many logins in progress; retry"
 type ShedReason string
 
 const (
-	ShedNoLoginSlot ShedReason = "no_login_slot" // no login ended within login_queue_target while every slot was held
+	ShedNoLoginSlot ShedReason = "no_login_slot" // no login took a step within login_queue_target while every slot was held
 	ShedQueueAge    ShedReason = "queue_age"     // waited longer than login_queue_max_age in the accept queue
 )
 
@@ -80,6 +80,14 @@ type loginSlots struct {
 	// progress that tells a slow queue from a stall, and the throughput
 	// the accept queue is sized by.
 	ended atomic.Uint64
+	// progressed counts steps of logins holding slots: a startup packet
+	// read, a password exchange done, and every login ending. The stall
+	// rule watches it rather than ended: a client population slow to answer
+	// (a load generator short of CPU) still takes steps, where clients that
+	// stall mid-login take none. Measured: watching ended alone, a starved
+	// generator's 3 C wave got 14,330 refusals (median of 3 runs) while
+	// pgtender's own timers fired on time.
+	progressed atomic.Uint64
 	// waited is set when an accept loop found every slot taken; the queue
 	// sizer reads and clears it each tick.
 	waited atomic.Bool
@@ -119,7 +127,11 @@ func (s *loginSlots) tryAcquire() bool {
 func (s *loginSlots) release() {
 	<-s.held
 	s.ended.Add(1)
+	s.progressed.Add(1)
 }
+
+// progress records a step of a login holding a slot (see progressed).
+func (s *loginSlots) progress() { s.progressed.Add(1) }
 
 // unused gives back a slot that no login used (the connection was refused
 // or the accept failed); it is not progress.
@@ -136,7 +148,7 @@ const (
 )
 
 // admissionPolicy is one accept loop's admission state: whether it is
-// shedding, and since which count of ended logins. Its clock is a seam for
+// shedding, and since which count of login steps (loginSlots.progressed). Its clock is a seam for
 // tests (real timers in production). Not safe for concurrent use: each
 // accept loop has its own, sharing the slots.
 type admissionPolicy struct {
@@ -144,9 +156,9 @@ type admissionPolicy struct {
 	newTimer func(time.Duration) (<-chan time.Time, func() bool)
 	now      func() time.Time
 	shedding bool
-	// endedAtShed is slots.ended when shedding began: shedding stops as
-	// soon as a login ends after it.
-	endedAtShed uint64
+	// progressedAtShed is slots.progressed when shedding began: shedding
+	// stops as soon as a login takes a step after it.
+	progressedAtShed uint64
 }
 
 func newAdmissionPolicy(slots *loginSlots) *admissionPolicy {
@@ -169,17 +181,17 @@ func newAdmissionPolicy(slots *loginSlots) *admissionPolicy {
 // idle, and its timers fire on time.
 func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{}) (haveSlot bool) {
 	if a.shedding {
-		if a.slots.ended.Load() == a.endedAtShed {
+		if a.slots.progressed.Load() == a.progressedAtShed {
 			a.slots.waited.Store(true)
 			return false // still stalled
 		}
-		a.shedding = false // a login ended: the slots progress again
+		a.shedding = false // a login took a step: the slots progress again
 	}
 	if a.slots.tryAcquire() {
 		return true
 	}
 	a.slots.waited.Store(true)
-	ended := a.slots.ended.Load()
+	progressed := a.slots.progressed.Load()
 	wait, confirming := target, false
 	for {
 		started := a.now()
@@ -193,9 +205,9 @@ func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{
 			stop()
 			return false
 		}
-		if now := a.slots.ended.Load(); now != ended {
+		if now := a.slots.progressed.Load(); now != progressed {
 			// Logins are ending: a queue, not a stall.
-			ended, wait, confirming = now, target, false
+			progressed, wait, confirming = now, target, false
 			continue
 		}
 		if late := a.now().Sub(started) - wait; late > wait/2 {
@@ -219,7 +231,7 @@ func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{
 			continue
 		}
 		a.shedding = true
-		a.endedAtShed = ended
+		a.progressedAtShed = progressed
 		return false
 	}
 }

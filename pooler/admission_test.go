@@ -175,7 +175,7 @@ func TestAdmissionSlowQueueIsNotAStall(t *testing.T) {
 	// The target passes, but a login ended meanwhile and another accept
 	// loop took its slot: the loop keeps waiting instead of shedding.
 	<-timers.armed
-	policy.slots.ended.Add(1)
+	policy.slots.progressed.Add(1)
 	timers.expire()
 	<-timers.armed // a second wait began
 	if policy.shedding {
@@ -186,7 +186,7 @@ func TestAdmissionSlowQueueIsNotAStall(t *testing.T) {
 	// the confirming wait.
 	timers.expire()
 	<-timers.armed
-	policy.slots.ended.Add(1)
+	policy.slots.progressed.Add(1)
 	timers.expire()
 	<-timers.armed // waiting a whole target again
 	if policy.shedding {
@@ -210,7 +210,7 @@ func TestAdmissionSlowQueueIsNotAStall(t *testing.T) {
 
 	// A login ending elsewhere (its slot taken by another loop) ends the
 	// shedding: the next beforeAccept waits again.
-	policy.slots.ended.Add(1)
+	policy.slots.progressed.Add(1)
 	go func() { got <- policy.beforeAccept(50*time.Millisecond, never) }()
 	<-timers.armed
 	if policy.shedding {
@@ -229,8 +229,8 @@ func TestAdmissionRefusalIsNotProgress(t *testing.T) {
 	if got := policy.afterAccept(haveSlot, 3*time.Second, true, time.Second); got != shedQueueAge {
 		t.Fatalf("decision %v, want shedQueueAge", got)
 	}
-	if n := policy.slots.ended.Load(); n != 0 {
-		t.Fatalf("a refused connection counted as %d ended logins", n)
+	if n := policy.slots.ended.Load() + policy.slots.progressed.Load(); n != 0 {
+		t.Fatalf("a refused connection counted as %d ended logins or steps", n)
 	}
 }
 
@@ -337,5 +337,34 @@ func TestAdmissionLoginsWaitingOnPostgresAreNotAStall(t *testing.T) {
 	}
 	if !policy.shedding {
 		t.Fatal("not shedding once no login waited on Postgres and none ended")
+	}
+}
+
+func TestAdmissionSlowClientsTakingStepsAreNotAStall(t *testing.T) {
+	policy, timers := newTestPolicy(2)
+	holdAll(policy.slots)
+	never := make(chan struct{})
+	took := make(chan bool)
+	go func() { took <- policy.beforeAccept(50*time.Millisecond, never) }()
+	// No login ends, but one reads its startup packet in each wait, as
+	// logins of a slow client population do.
+	for range 4 {
+		<-timers.armed
+		policy.slots.progress()
+		timers.expire()
+	}
+	<-timers.armed
+	if policy.shedding {
+		t.Fatal("shedding while logins take steps")
+	}
+	// The steps stop: a stall.
+	timers.expire()
+	<-timers.armed
+	timers.expire()
+	if <-took {
+		t.Fatal("took a slot although all were held")
+	}
+	if !policy.shedding {
+		t.Fatal("not shedding once the logins took no step")
 	}
 }

@@ -378,6 +378,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 		return fatalError(sqlstateInvalidCatalogName, fmt.Sprintf("database %q does not exist", database), nil)
 	}
 	timings.Startup = time.Since(start)
+	p.loginSlots.progress()
 
 	*stage = StageAuth
 	s.setState(stateAuth)
@@ -386,6 +387,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 		return err
 	}
 	timings.Auth = time.Since(authStart)
+	p.loginSlots.progress()
 
 	*stage = StageReady
 	s.setState(stateReady)
