@@ -431,7 +431,11 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 // admitted, as Postgres accepted the password, but nothing is remembered:
 // a reload may have removed the key). Without allow_change, a password
 // that another login verified and stored first wins, and this one gets
-// ErrPasswordMismatch.
+// ErrPasswordMismatch. With allow_change, so does a password whose
+// verification began before the stored one's: Postgres accepted it, then
+// the password changed (ALTER ROLE) and the new one was verified and
+// stored while this verification was finishing; storing it would put the
+// old password back until a re-verification.
 func (r *Registry) store(i int, key Key, password string, epoch uint64, started time.Time) error {
 	sh := &r.shards[i]
 	sh.mu.Lock()
@@ -443,7 +447,7 @@ func (r *Registry) store(i int, key Key, password string, epoch uint64, started 
 		if e.matches(password) {
 			return nil
 		}
-		if !r.allowChange {
+		if !r.allowChange || e.verified.After(started) {
 			return ErrPasswordMismatch
 		}
 	}
