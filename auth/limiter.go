@@ -19,8 +19,9 @@ const (
 // limiter limits failed verifications per user and per client address,
 // with one token bucket each. A verification takes a token from both
 // before it asks Postgres (so concurrent attempts count too) and gives
-// them back unless Postgres rejected the password: only rejections drain
-// the buckets.
+// them back only when Postgres accepted the password or certainly never
+// saw it (ErrPasswordNotSent): rejections, and failures after which
+// Postgres may have logged one (a timeout), drain the buckets.
 //
 // It sits on the slow path only, so one mutex is enough: the fast path (a
 // verified password) never reaches it, and is never delayed by it.
@@ -78,8 +79,8 @@ func (l *limiter) reserveLocked(user string, addr netip.Addr, now time.Time) (ok
 	return true, 0
 }
 
-// refund gives back the tokens of a reserve whose verification did not
-// fail.
+// refund gives back the tokens of a reserve whose verification succeeded
+// or never reached Postgres.
 func (l *limiter) refund(user string, addr netip.Addr, now time.Time) {
 	if l.users.off() && l.addrs.off() {
 		return

@@ -58,6 +58,15 @@ var (
 	// credentials (SQLSTATE 28P01 or 28000).
 	ErrRejected = errors.New("auth: Postgres rejected the credentials")
 
+	// ErrPasswordNotSent is what a VerifyFunc wraps when the password
+	// certainly did not reach Postgres: no connection to it was made (the
+	// dial failed, the caller gave up waiting for a connect slot, the
+	// database is not configured). Such a verification gives its
+	// failed-verification tokens back, like a success; any other failure
+	// (a timeout after the startup exchange began, a broken connection)
+	// keeps them, since Postgres may have logged a failed authentication.
+	ErrPasswordNotSent = errors.New("auth: the password did not reach Postgres")
+
 	// ErrThrottled is returned instead of asking Postgres when too many
 	// verifications of the login's user or client address failed recently.
 	// It wraps ErrPasswordMismatch, so the client gets FATAL 28P01 like
@@ -113,7 +122,8 @@ func (r *Registry) VerificationStats() VerificationStats {
 // VerifyFunc opens a real server connection to Postgres as key.User with
 // password, and keeps it: the pooler's function puts it into the pool. It
 // returns an error wrapping ErrRejected when Postgres refused the
-// credentials, any other error when Postgres could not be asked.
+// credentials, one wrapping ErrPasswordNotSent when no connection to
+// Postgres was made, any other error when the outcome is unknown.
 //
 // The Registry calls it on behalf of every client waiting for the same
 // (key, password), and in the background to re-verify a stored password,
@@ -301,8 +311,9 @@ func (r *Registry) Close() {
 //     most presented lately among those refused for the user: that one
 //     verification waits for the next token, up to DefaultThrottleWait
 //     (throttle.go). A rejection keeps the tokens and
-//     is remembered in the negative cache; any other outcome gives them
-//     back. An error wrapping ErrRejected becomes ErrPasswordMismatch; any
+//     is remembered in the negative cache; a success, or an error wrapping
+//     ErrPasswordNotSent, gives them back; any other error keeps them (the
+//     password may have reached Postgres). An error wrapping ErrRejected becomes ErrPasswordMismatch; any
 //     other verify error is returned (wrapped, with the key) and nothing is
 //     remembered, so the next login asks again.
 //
@@ -397,6 +408,12 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 		if errors.Is(err, ErrRejected) {
 			// Keep the tokens: this is the failure they limit.
 			sh.negative.add(mac, r.opts.now(), r.opts.negativeTTL)
+			return nil, err
+		}
+		if err != nil && !errors.Is(err, ErrPasswordNotSent) {
+			// Keep the tokens too: the password may have reached Postgres
+			// (a timeout after the startup message), which then logged a
+			// failure the bucket bound must count.
 			return nil, err
 		}
 		r.limiter.refund(key.User, login.ClientAddr, r.opts.now())
