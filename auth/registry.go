@@ -20,7 +20,6 @@ import (
 	"unsafe"
 
 	"github.com/pgtender/pgtender/config"
-	"golang.org/x/sync/singleflight"
 )
 
 // Key names a passthrough login: the role and the database it connects to.
@@ -175,15 +174,16 @@ type Registry struct {
 	opts        options
 
 	// seed picks a key's shard; macKey keys the HMAC that names a
-	// (key, password) for the singleflight and the negative cache, so
-	// neither holds the plaintext or an unsalted hash of it.
+	// (key, password) for the shared verification (flight.go) and the
+	// negative cache, so neither holds the plaintext or an unsalted hash
+	// of it.
 	seed   maphash.Seed
 	macKey [32]byte
 
 	snaps  [numShards]atomic.Pointer[snapshot]
 	shards [numShards]shard
 
-	flights  singleflight.Group
+	flights  flightGroup
 	limiter  limiter
 	counters verificationCounters
 
@@ -215,7 +215,6 @@ type shard struct {
 	epoch uint64
 
 	negative negativeCache
-	demand   demandCounter
 }
 
 // snapshot is one immutable generation of a shard.
@@ -304,26 +303,28 @@ func (r *Registry) Close() {
 //     Postgres;
 //   - an unknown key, or another password under *_allow_change: verify is
 //     called first, and the password is stored only if Postgres accepted
-//     it. Concurrent calls for the same key and password share one verify.
-//     Before it, the verification takes a token from the failed-verification
-//     buckets of the user and of the client address; without one every
-//     caller sharing it gets ErrThrottled, unless its password is the one
-//     most presented lately among those refused for the user: that one
-//     verification waits for the next token, up to DefaultThrottleWait
-//     (throttle.go). A rejection keeps the tokens and
-//     is remembered in the negative cache; a success, or an error wrapping
-//     ErrPasswordNotSent, gives them back; any other error keeps them (the
-//     password may have reached Postgres). An error wrapping ErrRejected becomes ErrPasswordMismatch; any
-//     other verify error is returned (wrapped, with the key) and nothing is
-//     remembered, so the next login asks again.
+//     it (and no password whose verification began later was stored
+//     meanwhile). Concurrent calls for the same key and password share one
+//     verify. Before it, the verification takes a token from the
+//     failed-verification buckets of the user and of the client address;
+//     without one every caller sharing it gets ErrThrottled within about
+//     joinGrace, unless it has more callers waiting on it than the one
+//     waiting for the user's next token: then it takes that place and
+//     waits, up to DefaultThrottleWait (throttle.go). A rejection keeps
+//     the tokens and is remembered in the negative cache; a success, or an
+//     error wrapping ErrPasswordNotSent, gives them back; any other error
+//     keeps them (the password may have reached Postgres). An error
+//     wrapping ErrRejected becomes ErrPasswordMismatch; any other verify
+//     error is returned (wrapped, with the key) and nothing is remembered,
+//     so the next login asks again.
 //
 // So a flood of wrong passwords costs Postgres a bounded number of
 // attempts, and never delays a client presenting the verified password.
 // The price: while a user's bucket is empty, a correct password that still
 // needs verifying (a first login after a restart, a new password under
-// allow_change) waits for the next token, up to a refill period, when many
-// clients present it; the first logins with it may be refused
-// (ErrThrottled) before it is the most presented one.
+// allow_change) waits for the next token, up to a refill period, when more
+// clients present it at once than any guess; presented by one client at a
+// time, it is refused (ErrThrottled) like a guess until a token is free.
 // Verification attempts are limited; the fast path always works.
 //
 // When ctx ends first, Authenticate returns ctx's error while the shared
@@ -389,18 +390,16 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 		r.counters.cached.Add(1)
 		return ErrCachedRejection
 	}
-	sh.demand.present(mac, now)
-	demand := func() int { return sh.demand.current(mac, r.opts.now()) }
 	sh.mu.Lock()
 	epoch := sh.epoch
 	sh.mu.Unlock()
 
 	detached := context.WithoutCancel(ctx)
-	results := r.flights.DoChan(string(mac[:]), func() (any, error) {
+	f := r.flights.join(mac, func(f *flight) error {
 		if !r.limiter.reserve(key.User, login.ClientAddr, r.opts.now()) &&
-			!r.awaitToken(key.User, login.ClientAddr, demand) {
+			!r.awaitToken(key.User, login.ClientAddr, f) {
 			r.counters.throttled.Add(1)
-			return nil, ErrThrottled
+			return ErrThrottled
 		}
 		started := r.opts.now()
 		err := verify(detached, key, password)
@@ -408,35 +407,36 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 		if errors.Is(err, ErrRejected) {
 			// Keep the tokens: this is the failure they limit.
 			sh.negative.add(mac, r.opts.now(), r.opts.negativeTTL)
-			return nil, err
+			return err
 		}
 		if err != nil && !errors.Is(err, ErrPasswordNotSent) {
 			// Keep the tokens too: the password may have reached Postgres
 			// (a timeout after the startup message), which then logged a
 			// failure the bucket bound must count.
-			return nil, err
+			return err
 		}
 		r.limiter.refund(key.User, login.ClientAddr, r.opts.now())
 		if err != nil {
-			return nil, err
+			return err
 		}
-		return nil, r.store(i, key, password, epoch, started)
+		return r.store(i, key, password, epoch, started)
 	})
+	defer r.flights.leave(mac, f)
 	if r.joinedFlight != nil {
 		r.joinedFlight()
 	}
 
 	select {
-	case res := <-results:
+	case <-f.done:
 		switch {
-		case res.Err == nil:
+		case f.err == nil:
 			return nil
-		case res.Err == ErrThrottled:
+		case f.err == ErrThrottled:
 			return ErrThrottled
-		case errors.Is(res.Err, ErrPasswordMismatch), errors.Is(res.Err, ErrRejected):
+		case errors.Is(f.err, ErrPasswordMismatch), errors.Is(f.err, ErrRejected):
 			return ErrPasswordMismatch
 		default:
-			return fmt.Errorf("auth: verifying the password of %s against Postgres: %w", key, res.Err)
+			return fmt.Errorf("auth: verifying the password of %s against Postgres: %w", key, f.err)
 		}
 	case <-ctx.Done():
 		return fmt.Errorf("auth: waiting for the verification of %s: %w", key, context.Cause(ctx))
@@ -510,7 +510,7 @@ func (r *Registry) removeLocked(i int, key Key, e *entry) bool {
 }
 
 // mac is an HMAC of (key, password) under a per-registry random key: it
-// names the singleflight and the negative cache entry of the pair without
+// names the shared verification and the negative cache entry of the pair without
 // holding the plaintext. Lengths are encoded so distinct (user, database,
 // password) triples cannot collide by concatenation.
 func (r *Registry) mac(key Key, password string) [sha256.Size]byte {
