@@ -145,8 +145,11 @@ const numShards = 256
 // and allocates nothing. Writers (a newly verified password, a refreshed
 // or removed entry, Forget) copy one shard under that shard's mutex and
 // publish the copy: a write costs O(keys/numShards), not O(keys). The read
-// pointers sit in their own array, apart from the writers' mutexes, so a
-// write does not disturb the cache lines readers of other shards use.
+// pointers sit in their own array, apart from the writers' mutexes, so
+// taking a mutex does not disturb readers; but the array packs eight
+// pointers to a 64-byte cache line, so publishing a shard also evicts that
+// line from the caches of readers of its seven neighbours, once per write
+// (writes are rare: a new user or password, a re-verification).
 //
 // In front of the verification (the slow path) sit a negative cache of
 // passwords Postgres rejected and a limiter of failed verifications per
