@@ -311,9 +311,10 @@ func (r *Registry) Close() {
 //     verify. Before it, the verification takes a token from the
 //     failed-verification buckets of the user and of the client address;
 //     without one every caller sharing it gets ErrThrottled within about
-//     joinGrace, unless it has more callers waiting on it than the one
-//     waiting for the user's next token: then it takes that place and
-//     waits, up to DefaultThrottleWait (throttle.go). A rejection keeps
+//     joinGrace, unless no verification waits for the user's next token
+//     or it has more callers waiting on it than the one that does: then
+//     it takes that place and waits, up to DefaultThrottleWait
+//     (throttle.go). A rejection keeps
 //     the tokens and is remembered in the negative cache; a success, or an
 //     error wrapping ErrPasswordNotSent, gives them back; any other error
 //     keeps them (the password may have reached Postgres). An error
