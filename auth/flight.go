@@ -37,23 +37,24 @@ type flight struct {
 func (g *flightGroup) join(mac [sha256.Size]byte, fn func(*flight) error) *flight {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	f, ok := g.flights[mac]
-	if !ok {
-		if g.flights == nil {
-			g.flights = make(map[[sha256.Size]byte]*flight)
-		}
-		f = &flight{done: make(chan struct{}), abandoned: make(chan struct{})}
-		g.flights[mac] = f
-		go func() {
-			err := fn(f)
-			g.mu.Lock()
-			f.err = err
-			g.removeLocked(mac, f)
-			g.mu.Unlock()
-			close(f.done)
-		}()
+	if f, ok := g.flights[mac]; ok {
+		f.waiting.Add(1)
+		return f
 	}
-	f.waiting.Add(1)
+	if g.flights == nil {
+		g.flights = make(map[[sha256.Size]byte]*flight)
+	}
+	f := &flight{done: make(chan struct{}), abandoned: make(chan struct{})}
+	f.waiting.Add(1) // before fn runs: it reads the count
+	g.flights[mac] = f
+	go func() {
+		err := fn(f)
+		g.mu.Lock()
+		f.err = err
+		g.removeLocked(mac, f)
+		g.mu.Unlock()
+		close(f.done)
+	}()
 	return f
 }
 
