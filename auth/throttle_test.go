@@ -131,7 +131,7 @@ func (r *Registry) waiterOf(user string) *tokenWaiter {
 // verification in the waiting place gives up, it leaves the place and asks
 // Postgres nothing, even once a token comes.
 func TestThrottleWaiterLeavesWithItsClients(t *testing.T) {
-	limit := Limit{Burst: 1, Every: 300 * time.Millisecond}
+	limit := Limit{Burst: 1, Every: 100 * time.Millisecond}
 	r := newRegistry(t, config.PassthroughEnabledPlain, WithFailureLimits(limit, Limit{}), WithThrottleWait(time.Minute))
 	pg := newFakePostgres(r, "alice", "pencil")
 	if err := r.Authenticate(context.Background(), Login{Key: alice, Password: "drain"}, pg.verify); !errors.Is(err, ErrPasswordMismatch) {
@@ -160,7 +160,7 @@ func TestThrottleWaiterLeavesWithItsClients(t *testing.T) {
 // user's next token, a stream of other verifications (one login each) does
 // not take it; the waiter does, about when it is due.
 func TestThrottleWaiterGetsTheNextToken(t *testing.T) {
-	limit := Limit{Burst: 1, Every: 300 * time.Millisecond}
+	limit := Limit{Burst: 1, Every: 150 * time.Millisecond}
 	r := newRegistry(t, config.PassthroughEnabledPlain, WithFailureLimits(limit, Limit{}), WithThrottleWait(time.Second))
 	pg := newFakePostgres(r, "alice", "pencil")
 	ctx := context.Background()
@@ -224,7 +224,7 @@ func TestThrottleDistinctGuessesDoNotLockOut(t *testing.T) {
 	pg := newFakePostgres(r, "alice", "pencil")
 	ctx := context.Background()
 	addr := netip.MustParseAddr("192.0.2.1")
-	defer floodGuesses(r, pg, 8, addr)()
+	defer floodGuesses(r, pg, 16, addr)()
 	waitFor(t, "the guesses to empty the buckets", func() bool { return r.VerificationStats().Throttled > 300 })
 	start := time.Now()
 	var right sync.WaitGroup
