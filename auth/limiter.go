@@ -19,8 +19,9 @@ const (
 // limiter limits failed verifications per user and per client address,
 // with one token bucket each. A verification takes a token from both
 // before it asks Postgres (so concurrent attempts count too) and gives
-// them back unless Postgres rejected the password: only rejections drain
-// the buckets.
+// them back only when Postgres accepted the password or certainly never
+// saw it (ErrPasswordNotSent): rejections, and failures after which
+// Postgres may have logged one (a timeout), drain the buckets.
 //
 // It sits on the slow path only, so one mutex is enough: the fast path (a
 // verified password) never reaches it, and is never delayed by it.
@@ -46,18 +47,27 @@ func (l *limiter) init(perUser, perAddress Limit) {
 }
 
 // reserve takes a token for user and for addr (when valid), or neither,
-// and reports whether it did.
+// and reports whether it did. While a verification of user waits for a
+// token (throttle.go) and only the user's bucket holds it back, reserve
+// takes none: that token is the waiter's.
 func (l *limiter) reserve(user string, addr netip.Addr, now time.Time) bool {
 	if l.users.off() && l.addrs.off() {
 		return true
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if w := l.waiting[user]; w != nil && (!w.hasAddr || l.addrs.allows(w.addr, now)) {
+		// A waiter held back by its own address's bucket does not hold
+		// back the others: a guesser on a drained address would otherwise
+		// park a waiter to refuse every other address's first logins.
+		return false
+	}
 	ok, _ := l.reserveLocked(user, addr, now)
 	return ok
 }
 
-// reserveLocked is reserve with l.mu held. When it takes no token, wait
+// reserveLocked is reserve with l.mu held, without regard to a waiter (the
+// waiter's own reserve). When it takes no token, wait
 // is how long until both buckets will have one (if nothing else takes
 // them first).
 func (l *limiter) reserveLocked(user string, addr netip.Addr, now time.Time) (ok bool, wait time.Duration) {
@@ -78,8 +88,8 @@ func (l *limiter) reserveLocked(user string, addr netip.Addr, now time.Time) (ok
 	return true, 0
 }
 
-// refund gives back the tokens of a reserve whose verification did not
-// fail.
+// refund gives back the tokens of a reserve whose verification succeeded
+// or never reached Postgres.
 func (l *limiter) refund(user string, addr netip.Addr, now time.Time) {
 	if l.users.off() && l.addrs.off() {
 		return

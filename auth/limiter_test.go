@@ -169,8 +169,8 @@ func TestRegistryLimiterPerAddress(t *testing.T) {
 }
 
 func TestRegistryLimiterCountsOnlyRejections(t *testing.T) {
-	// Successful verifications and Postgres being down give their tokens
-	// back: only rejections drain the buckets.
+	// Successful verifications and Postgres being unreachable (the
+	// password never sent) give their tokens back.
 	ctx := context.Background()
 	clock := newFakeClock()
 	r := newRegistry(t, config.PassthroughEnabledPlain, withClock(clock.Now))
@@ -186,7 +186,7 @@ func TestRegistryLimiterCountsOnlyRejections(t *testing.T) {
 			t.Fatalf("login %d: %v", i, err)
 		}
 	}
-	down := errors.New("connection refused")
+	down := fmt.Errorf("dial: connection refused: %w", ErrPasswordNotSent)
 	pg.mu.Lock()
 	pg.down = down
 	pg.mu.Unlock()
@@ -198,6 +198,32 @@ func TestRegistryLimiterCountsOnlyRejections(t *testing.T) {
 	}
 	if got := pg.calls.Load(); got != 100 {
 		t.Fatalf("verify calls = %d, want 100 (nothing throttled)", got)
+	}
+}
+
+// TestRegistryLimiterKeepsTokensAfterUnknownOutcome: a verification that
+// failed after the password may have reached Postgres (a timeout during
+// the startup exchange) keeps its tokens, so the failures Postgres logs
+// stay within the bucket bound.
+func TestRegistryLimiterKeepsTokensAfterUnknownOutcome(t *testing.T) {
+	ctx := context.Background()
+	clock := newFakeClock()
+	r := newRegistry(t, config.PassthroughEnabledPlain, withClock(clock.Now))
+	pg := newFakePostgres(r, "alice", "pencil")
+	timeout := errors.New("receive message: i/o timeout")
+	pg.mu.Lock()
+	pg.down = timeout
+	pg.mu.Unlock()
+	for i := range DefaultFailureLimit.Burst {
+		if err := r.Authenticate(ctx, Login{Key: alice, Password: "pencil"}, pg.verify); !errors.Is(err, timeout) {
+			t.Fatalf("attempt %d: %v, want the timeout", i, err)
+		}
+	}
+	if err := r.Authenticate(ctx, Login{Key: alice, Password: "pencil"}, pg.verify); err != ErrThrottled {
+		t.Fatalf("after %d timeouts: %v, want ErrThrottled", DefaultFailureLimit.Burst, err)
+	}
+	if got := pg.calls.Load(); got != int64(DefaultFailureLimit.Burst) {
+		t.Fatalf("verify calls = %d, want %d", got, DefaultFailureLimit.Burst)
 	}
 }
 

@@ -18,8 +18,8 @@ const (
 var DefaultFailureLimit = Limit{Burst: 5, Every: time.Second}
 
 // DefaultThrottleWait is how long a verification refused by the failure
-// limits may wait for the next token, when it is the password most clients
-// presented among those refused (see Registry.Authenticate).
+// limits may wait for the next token, when more clients wait on it than on
+// any other verification of the user (see Registry.Authenticate).
 const DefaultThrottleWait = time.Second
 
 // Limit is a token bucket of failed verifications: Burst of them at once,

@@ -20,7 +20,6 @@ import (
 	"unsafe"
 
 	"github.com/pgtender/pgtender/config"
-	"golang.org/x/sync/singleflight"
 )
 
 // Key names a passthrough login: the role and the database it connects to.
@@ -57,6 +56,15 @@ var (
 	// ErrRejected is what a VerifyFunc wraps when Postgres refused the
 	// credentials (SQLSTATE 28P01 or 28000).
 	ErrRejected = errors.New("auth: Postgres rejected the credentials")
+
+	// ErrPasswordNotSent is what a VerifyFunc wraps when the password
+	// certainly did not reach Postgres: no connection to it was made (the
+	// dial failed, the caller gave up waiting for a connect slot, the
+	// database is not configured). Such a verification gives its
+	// failed-verification tokens back, like a success; any other failure
+	// (a timeout after the startup exchange began, a broken connection)
+	// keeps them, since Postgres may have logged a failed authentication.
+	ErrPasswordNotSent = errors.New("auth: the password did not reach Postgres")
 
 	// ErrThrottled is returned instead of asking Postgres when too many
 	// verifications of the login's user or client address failed recently.
@@ -113,7 +121,8 @@ func (r *Registry) VerificationStats() VerificationStats {
 // VerifyFunc opens a real server connection to Postgres as key.User with
 // password, and keeps it: the pooler's function puts it into the pool. It
 // returns an error wrapping ErrRejected when Postgres refused the
-// credentials, any other error when Postgres could not be asked.
+// credentials, one wrapping ErrPasswordNotSent when no connection to
+// Postgres was made, any other error when the outcome is unknown.
 //
 // The Registry calls it on behalf of every client waiting for the same
 // (key, password), and in the background to re-verify a stored password,
@@ -136,8 +145,11 @@ const numShards = 256
 // and allocates nothing. Writers (a newly verified password, a refreshed
 // or removed entry, Forget) copy one shard under that shard's mutex and
 // publish the copy: a write costs O(keys/numShards), not O(keys). The read
-// pointers sit in their own array, apart from the writers' mutexes, so a
-// write does not disturb the cache lines readers of other shards use.
+// pointers sit in their own array, apart from the writers' mutexes, so
+// taking a mutex does not disturb readers; but the array packs eight
+// pointers to a 64-byte cache line, so publishing a shard also evicts that
+// line from the caches of readers of its seven neighbours, once per write
+// (writes are rare: a new user or password, a re-verification).
 //
 // In front of the verification (the slow path) sit a negative cache of
 // passwords Postgres rejected and a limiter of failed verifications per
@@ -165,15 +177,16 @@ type Registry struct {
 	opts        options
 
 	// seed picks a key's shard; macKey keys the HMAC that names a
-	// (key, password) for the singleflight and the negative cache, so
-	// neither holds the plaintext or an unsalted hash of it.
+	// (key, password) for the shared verification (flight.go) and the
+	// negative cache, so neither holds the plaintext or an unsalted hash
+	// of it.
 	seed   maphash.Seed
 	macKey [32]byte
 
 	snaps  [numShards]atomic.Pointer[snapshot]
 	shards [numShards]shard
 
-	flights  singleflight.Group
+	flights  flightGroup
 	limiter  limiter
 	counters verificationCounters
 
@@ -205,7 +218,6 @@ type shard struct {
 	epoch uint64
 
 	negative negativeCache
-	demand   demandCounter
 }
 
 // snapshot is one immutable generation of a shard.
@@ -294,25 +306,29 @@ func (r *Registry) Close() {
 //     Postgres;
 //   - an unknown key, or another password under *_allow_change: verify is
 //     called first, and the password is stored only if Postgres accepted
-//     it. Concurrent calls for the same key and password share one verify.
-//     Before it, the verification takes a token from the failed-verification
-//     buckets of the user and of the client address; without one every
-//     caller sharing it gets ErrThrottled, unless its password is the one
-//     most presented lately among those refused for the user: that one
-//     verification waits for the next token, up to DefaultThrottleWait
-//     (throttle.go). A rejection keeps the tokens and
-//     is remembered in the negative cache; any other outcome gives them
-//     back. An error wrapping ErrRejected becomes ErrPasswordMismatch; any
-//     other verify error is returned (wrapped, with the key) and nothing is
-//     remembered, so the next login asks again.
+//     it (and no password whose verification began later was stored
+//     meanwhile). Concurrent calls for the same key and password share one
+//     verify. Before it, the verification takes a token from the
+//     failed-verification buckets of the user and of the client address;
+//     without one every caller sharing it gets ErrThrottled within about
+//     joinGrace, unless no verification waits for the user's next token
+//     or it has more callers waiting on it than the one that does: then
+//     it takes that place and waits, up to DefaultThrottleWait
+//     (throttle.go). A rejection keeps
+//     the tokens and is remembered in the negative cache; a success, or an
+//     error wrapping ErrPasswordNotSent, gives them back; any other error
+//     keeps them (the password may have reached Postgres). An error
+//     wrapping ErrRejected becomes ErrPasswordMismatch; any other verify
+//     error is returned (wrapped, with the key) and nothing is remembered,
+//     so the next login asks again.
 //
 // So a flood of wrong passwords costs Postgres a bounded number of
 // attempts, and never delays a client presenting the verified password.
 // The price: while a user's bucket is empty, a correct password that still
 // needs verifying (a first login after a restart, a new password under
-// allow_change) waits for the next token, up to a refill period, when many
-// clients present it; the first logins with it may be refused
-// (ErrThrottled) before it is the most presented one.
+// allow_change) waits for the next token, up to a refill period, when more
+// clients present it at once than any guess; presented by one client at a
+// time, it is refused (ErrThrottled) like a guess until a token is free.
 // Verification attempts are limited; the fast path always works.
 //
 // When ctx ends first, Authenticate returns ctx's error while the shared
@@ -378,18 +394,16 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 		r.counters.cached.Add(1)
 		return ErrCachedRejection
 	}
-	sh.demand.present(mac, now)
-	demand := func() int { return sh.demand.current(mac, r.opts.now()) }
 	sh.mu.Lock()
 	epoch := sh.epoch
 	sh.mu.Unlock()
 
 	detached := context.WithoutCancel(ctx)
-	results := r.flights.DoChan(string(mac[:]), func() (any, error) {
+	f := r.flights.join(mac, func(f *flight) error {
 		if !r.limiter.reserve(key.User, login.ClientAddr, r.opts.now()) &&
-			!r.awaitToken(key.User, login.ClientAddr, demand) {
+			!r.awaitToken(key.User, login.ClientAddr, f) {
 			r.counters.throttled.Add(1)
-			return nil, ErrThrottled
+			return ErrThrottled
 		}
 		started := r.opts.now()
 		err := verify(detached, key, password)
@@ -397,29 +411,36 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 		if errors.Is(err, ErrRejected) {
 			// Keep the tokens: this is the failure they limit.
 			sh.negative.add(mac, r.opts.now(), r.opts.negativeTTL)
-			return nil, err
+			return err
+		}
+		if err != nil && !errors.Is(err, ErrPasswordNotSent) {
+			// Keep the tokens too: the password may have reached Postgres
+			// (a timeout after the startup message), which then logged a
+			// failure the bucket bound must count.
+			return err
 		}
 		r.limiter.refund(key.User, login.ClientAddr, r.opts.now())
 		if err != nil {
-			return nil, err
+			return err
 		}
-		return nil, r.store(i, key, password, epoch, started)
+		return r.store(i, key, password, epoch, started)
 	})
+	defer r.flights.leave(mac, f)
 	if r.joinedFlight != nil {
 		r.joinedFlight()
 	}
 
 	select {
-	case res := <-results:
+	case <-f.done:
 		switch {
-		case res.Err == nil:
+		case f.err == nil:
 			return nil
-		case res.Err == ErrThrottled:
+		case f.err == ErrThrottled:
 			return ErrThrottled
-		case errors.Is(res.Err, ErrPasswordMismatch), errors.Is(res.Err, ErrRejected):
+		case errors.Is(f.err, ErrPasswordMismatch), errors.Is(f.err, ErrRejected):
 			return ErrPasswordMismatch
 		default:
-			return fmt.Errorf("auth: verifying the password of %s against Postgres: %w", key, res.Err)
+			return fmt.Errorf("auth: verifying the password of %s against Postgres: %w", key, f.err)
 		}
 	case <-ctx.Done():
 		return fmt.Errorf("auth: waiting for the verification of %s: %w", key, context.Cause(ctx))
@@ -431,7 +452,11 @@ func (r *Registry) verifyAndStore(ctx context.Context, i int, login Login, verif
 // admitted, as Postgres accepted the password, but nothing is remembered:
 // a reload may have removed the key). Without allow_change, a password
 // that another login verified and stored first wins, and this one gets
-// ErrPasswordMismatch.
+// ErrPasswordMismatch. With allow_change, so does a password whose
+// verification began before the stored one's: Postgres accepted it, then
+// the password changed (ALTER ROLE) and the new one was verified and
+// stored while this verification was finishing; storing it would put the
+// old password back until a re-verification.
 func (r *Registry) store(i int, key Key, password string, epoch uint64, started time.Time) error {
 	sh := &r.shards[i]
 	sh.mu.Lock()
@@ -443,7 +468,7 @@ func (r *Registry) store(i int, key Key, password string, epoch uint64, started 
 		if e.matches(password) {
 			return nil
 		}
-		if !r.allowChange {
+		if !r.allowChange || e.verified.After(started) {
 			return ErrPasswordMismatch
 		}
 	}
@@ -489,7 +514,7 @@ func (r *Registry) removeLocked(i int, key Key, e *entry) bool {
 }
 
 // mac is an HMAC of (key, password) under a per-registry random key: it
-// names the singleflight and the negative cache entry of the pair without
+// names the shared verification and the negative cache entry of the pair without
 // holding the plaintext. Lengths are encoded so distinct (user, database,
 // password) triples cannot collide by concatenation.
 func (r *Registry) mac(key Key, password string) [sha256.Size]byte {

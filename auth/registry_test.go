@@ -252,6 +252,35 @@ func TestRegistryPasswordChange(t *testing.T) {
 	}
 }
 
+// TestRegistryStalePasswordDoesNotOverwriteNewer: under allow_change, a
+// verification of A that Postgres accepted just before ALTER ROLE, and
+// that ends after B was verified and stored, must not replace B.
+func TestRegistryStalePasswordDoesNotOverwriteNewer(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, config.PassthroughEnabledPlainAllowChange, bare...)
+	entered, release := make(chan struct{}), make(chan struct{})
+	verify := func(ctx context.Context, key Key, password string) error {
+		if password == "A" {
+			close(entered)
+			<-release // Postgres accepted A; ALTER ROLE ... PASSWORD 'B' follows
+		}
+		return nil
+	}
+	first := make(chan error, 1)
+	go func() { first <- r.Authenticate(ctx, Login{Key: alice, Password: "A"}, verify) }()
+	<-entered
+	if err := r.Authenticate(ctx, Login{Key: alice, Password: "B"}, verify); err != nil {
+		t.Fatalf("B: %v", err)
+	}
+	close(release)
+	if err := <-first; err != ErrPasswordMismatch {
+		t.Fatalf("A, verified before B but finished after: %v, want ErrPasswordMismatch", err)
+	}
+	if got, _ := r.Password(alice); got != "B" {
+		t.Fatalf("Password = %q, want B (the newer one)", got)
+	}
+}
+
 func TestRegistrySingleflight(t *testing.T) {
 	const n = 64
 	ctx := context.Background()

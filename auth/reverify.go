@@ -22,21 +22,28 @@ const maxConcurrentReverifies = 16
 // admitted from the snapshot meanwhile: a password changed or revoked in
 // Postgres stops being admitted within the reverify interval, plus one
 // coarse clock tick, plus one check, after its last verification.
+//
+// It takes a slot before anything else: when all are busy (a wave of due
+// entries), a login pays a failed non-blocking send, which takes no lock,
+// and neither the CAS nor bgMu.
 func (r *Registry) maybeReverify(ctx context.Context, i int, key Key, e *entry, verify VerifyFunc) {
-	if r.fastNow() < e.due || !e.checking.CompareAndSwap(false, true) {
+	if r.fastNow() < e.due || e.checking.Load() {
+		return
+	}
+	select {
+	case r.bgSlots <- struct{}{}:
+	default:
+		return
+	}
+	if !e.checking.CompareAndSwap(false, true) {
+		<-r.bgSlots
 		return
 	}
 	r.bgMu.Lock()
 	if r.bgClosed {
 		// Leave checking set: a closed registry starts no more.
 		r.bgMu.Unlock()
-		return
-	}
-	select {
-	case r.bgSlots <- struct{}{}:
-	default:
-		r.bgMu.Unlock()
-		e.checking.Store(false)
+		<-r.bgSlots
 		return
 	}
 	r.bgWG.Add(1)

@@ -312,6 +312,41 @@ func TestReverifyBounded(t *testing.T) {
 	waitFor(t, "the remaining checks", func() bool { return calls.Load() == 2*users })
 }
 
+// TestReverifyBusyTakesNoLock: with every re-verification slot busy, a
+// login with a due entry is admitted without taking bgMu (held here for
+// the whole test), and the entry is checked on a later use.
+func TestReverifyBusyTakesNoLock(t *testing.T) {
+	r, pg, clock := warmRegistry(t, config.PassthroughEnabled)
+	clock.Advance(testInterval)
+	for range maxConcurrentReverifies {
+		r.bgSlots <- struct{}{}
+	}
+	r.bgMu.Lock()
+	done := make(chan error, 1)
+	go func() { done <- r.Authenticate(context.Background(), Login{Key: alice, Password: "pencil"}, pg.verify) }()
+	select {
+	case err := <-done:
+		r.bgMu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		r.bgMu.Unlock()
+		<-done
+		t.Fatal("a due login with every slot busy waited for bgMu")
+	}
+	if r.entryOf(alice).checking.Load() {
+		t.Fatal("the entry is marked checking though no check started")
+	}
+	for range maxConcurrentReverifies {
+		<-r.bgSlots
+	}
+	if err := r.Authenticate(context.Background(), Login{Key: alice, Password: "pencil"}, pg.verify); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the check on a later use", func() bool { return pg.calls.Load() == 2 })
+}
+
 func TestReverifyCoarseClock(t *testing.T) {
 	// The production clock: a short interval makes the ticker tick every
 	// interval/4, and a due entry is checked on a use soon after.

@@ -1,9 +1,7 @@
 package auth
 
 import (
-	"crypto/sha256"
 	"net/netip"
-	"sync"
 	"time"
 )
 
@@ -17,83 +15,20 @@ import (
 // integration TestWrongPasswords/drained before this).
 //
 // So one verification per user may wait for the next token, up to
-// throttleWait: the one whose password the most logins presented lately.
-// The right password of a role is presented by every client of it, a
-// guess by one, so the right one takes the place and gets the next token;
-// every other refused verification gets ErrThrottled after joinGrace
-// (20 ms: the clients of a wave presenting the same password join it
-// meanwhile, so it is compared with its whole demand), and no login waits
-// longer behind a guess but the one in the place, so a flood holds few
-// login slots. Postgres sees no more attempts than before: the waiter
-// takes a token like any verification. A guesser who presents each guess
-// many times can take the place, and wins one token per refill period, as
-// before.
-
-// demandWindow is how long presentations of a password count towards its
-// demand.
-const demandWindow = 10 * time.Second
-
-// demandShardSize bounds the (key, password) pairs one shard counts:
-// 256 × 256 shards, about 4 MB at most. When a shard is full of pairs
-// presented within demandWindow, a new pair counts as presented once.
-const demandShardSize = 256
-
-// demandCounter counts, for one shard, how many slow-path logins
-// presented each (key, password) pair lately, by its MAC (never the
-// password).
-type demandCounter struct {
-	mu    sync.Mutex
-	pairs map[[sha256.Size]byte]demandRecord
-	swept time.Time // last sweep of a full shard
-}
-
-type demandRecord struct {
-	n     int
-	since time.Time // start of the window n counts in
-}
-
-// present counts one presentation of mac at now and returns how many fell
-// in the current window, this one included.
-func (c *demandCounter) present(mac [sha256.Size]byte, now time.Time) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pairs == nil {
-		c.pairs = make(map[[sha256.Size]byte]demandRecord)
-	}
-	rec, ok := c.pairs[mac]
-	if !ok || now.Sub(rec.since) >= demandWindow {
-		if !ok && len(c.pairs) >= demandShardSize {
-			// Sweep at most once a second, so a flood of distinct
-			// passwords does not make every login pay for one.
-			if now.Sub(c.swept) >= time.Second {
-				c.swept = now
-				for k, r := range c.pairs {
-					if now.Sub(r.since) >= demandWindow {
-						delete(c.pairs, k)
-					}
-				}
-			}
-			if len(c.pairs) >= demandShardSize {
-				return 1
-			}
-		}
-		rec = demandRecord{since: now}
-	}
-	rec.n++
-	c.pairs[mac] = rec
-	return rec.n
-}
-
-// current is how many presentations of mac fall in the window at now.
-func (c *demandCounter) current(mac [sha256.Size]byte, now time.Time) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	rec, ok := c.pairs[mac]
-	if !ok || now.Sub(rec.since) >= demandWindow {
-		return 0
-	}
-	return rec.n
-}
+// throttleWait: the one with the most logins waiting on it now (its
+// flight's waiting count). The right password of a role is presented by
+// many clients at once after a restart or a rotation, a guess by one, so
+// the right one takes the place. Every other refused verification gets
+// ErrThrottled after joinGrace (20 ms: the clients of a wave presenting
+// the same password join it meanwhile, so it is compared with its whole
+// demand). While a verification holds the place, other verifications of
+// that user take no token (limiter.reserve), so the waiter gets the next
+// one; it wakes when the token is due, on the limiter's clock. It gives up
+// when the logins waiting on it all leave (their contexts end), without
+// asking Postgres. Postgres sees no more attempts than before: the waiter
+// takes a token like any verification. A guesser who presents one guess
+// from more clients at once than the right password has can take the
+// place, and wins one token per refill period, as without it.
 
 // joinGrace is how long a refused verification that could not take the
 // waiting place waits before it compares demands once more: long enough
@@ -101,31 +36,38 @@ func (c *demandCounter) current(mac [sha256.Size]byte, now time.Time) int {
 // reconnect wave) to join it.
 const joinGrace = 20 * time.Millisecond
 
+// tokenPollInterval is how often a waiter looks for a token when no bucket
+// says when one is due (a full key table, which refuses until a sweep).
+const tokenPollInterval = 10 * time.Millisecond
+
 // tokenWaiter is the verification waiting for a user's next token.
 type tokenWaiter struct {
-	demand  func() int    // its password's demand now
+	flight  *flight
+	addr    netip.Addr    // its client address's bucket key, if hasAddr
+	hasAddr bool          // (addrKey)
 	evicted chan struct{} // closed when a verification in higher demand takes the place
 }
 
 // awaitToken is called when the limits refused a verification of user's
-// password from addr; demand reads how many logins presented that
-// password lately. If no verification in as high a demand waits for
-// user's next token (now, or after joinGrace), it takes the place
-// (evicting the one there) and waits, up to throttleWait, until it can
-// take a token of both buckets; it reports whether it did. Otherwise, or
-// with throttleWait 0, it reports false.
-func (r *Registry) awaitToken(user string, addr netip.Addr, demand func() int) bool {
+// password from addr, run by flight f. If no verification with as many
+// logins waiting on it holds user's waiting place (now, or after
+// joinGrace), it takes the place (evicting the one there) and waits, up
+// to throttleWait, until it can take a token of both buckets; it reports
+// whether it did. Otherwise, with throttleWait 0, or when every login
+// waiting on f leaves first, it reports false.
+func (r *Registry) awaitToken(user string, addr netip.Addr, f *flight) bool {
 	wait := r.opts.throttleWait
 	if wait <= 0 {
 		return false
 	}
 	l := &r.limiter
-	w := &tokenWaiter{demand: demand, evicted: make(chan struct{})}
+	w := &tokenWaiter{flight: f, evicted: make(chan struct{})}
+	w.addr, w.hasAddr = addrKey(addr)
 	claim := func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if cur := l.waiting[user]; cur != nil {
-			if cur.demand() >= w.demand() {
+			if cur.flight.waiting.Load() >= f.waiting.Load() {
 				return false
 			}
 			close(cur.evicted)
@@ -137,6 +79,9 @@ func (r *Registry) awaitToken(user string, addr netip.Addr, demand func() int) b
 		grace := time.NewTimer(joinGrace)
 		select {
 		case <-grace.C:
+		case <-f.abandoned:
+			grace.Stop()
+			return false
 		case <-r.bgCtx.Done():
 			grace.Stop()
 			return false
@@ -153,24 +98,37 @@ func (r *Registry) awaitToken(user string, addr netip.Addr, demand func() int) b
 		l.mu.Unlock()
 	}()
 
-	deadline := time.Now().Add(wait)
+	deadline := r.opts.now().Add(wait)
 	for {
+		now := r.opts.now()
 		l.mu.Lock()
-		ok, next := l.reserveLocked(user, addr, r.opts.now())
+		ok, next := l.reserveLocked(user, addr, now)
 		l.mu.Unlock()
 		if ok {
-			return true
+			select {
+			case <-f.abandoned:
+				// Nobody waits for the answer any more: ask Postgres
+				// nothing, and give the token to the next verification.
+				l.refund(user, addr, r.opts.now())
+				return false
+			default:
+				return true
+			}
 		}
-		remaining := time.Until(deadline)
+		remaining := deadline.Sub(now)
 		if remaining <= 0 {
 			return false
 		}
-		// next is 0 when no bucket says when (a full key table): poll
-		// gently then.
-		timer := time.NewTimer(min(max(next, 10*time.Millisecond), remaining))
+		if next <= 0 {
+			next = tokenPollInterval
+		}
+		timer := time.NewTimer(min(next, remaining))
 		select {
 		case <-timer.C:
 		case <-w.evicted:
+			timer.Stop()
+			return false
+		case <-f.abandoned:
 			timer.Stop()
 			return false
 		case <-r.bgCtx.Done():

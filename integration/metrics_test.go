@@ -400,9 +400,17 @@ func TestPassthroughVerificationMetrics(t *testing.T) {
 		}
 	}
 
-	after := scrape(t, url)
+	var after map[string]*dto.MetricFamily
 	delta := func(name string, labels map[string]string) float64 {
 		return mustSample(t, after, namespace+name, labels) - mustSample(t, before, namespace+name, labels)
+	}
+	// The pooler counts a refused login after sending its error, so the
+	// client may see the refusal before the counter does: poll.
+	after = scrape(t, url)
+	deadline := time.Now().Add(5 * time.Second)
+	for delta("logins_total", map[string]string{"result": "auth_failed"}) < 2+distinct && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		after = scrape(t, url)
 	}
 	verifications := map[string]float64{}
 	for _, result := range []string{"ok", "rejected", "error", "throttled", "cached_rejection"} {

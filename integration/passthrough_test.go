@@ -258,7 +258,8 @@ var wrongPasswordLogins = flag.Int("wrong-password-logins", 1000,
 // A third state, passthrough only: a fresh pgtender whose failure buckets
 // were emptied by wrong passwords before the right one was ever verified
 // (a restart next to a misconfigured client on the same address). The
-// right password, the most presented, waits for the next token (up to
+// right password, with the most clients waiting on its verification,
+// waits for the next token (up to
 // auth.DefaultThrottleWait) instead of being refused: at most a few right
 // logins may be refused before it takes the waiting place, and from the
 // first admitted one on every right login must be admitted. The test
@@ -382,8 +383,8 @@ func TestWrongPasswords(t *testing.T) {
 						t.Errorf("first right login admitted %v into the run, want within the throttle wait (%v) and a refill period (%v)",
 							firstRight, auth.DefaultThrottleWait, limit.Every)
 					}
-					// Until the right password is the most presented of the
-					// refused ones, its logins are refused: a few at most.
+					// Until more clients wait on the right password than on a
+					// guess, its logins are refused: a few at most.
 					if rightThrottled > 5 {
 						t.Errorf("%d right logins refused before the first admitted, want at most 5", rightThrottled)
 					}

@@ -2,7 +2,9 @@ package pooler
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/pgtender/pgtender/auth"
 	"github.com/pgtender/pgtender/config"
 )
 
@@ -431,5 +434,37 @@ func TestShutdownFailsWaitingClientsClearly(t *testing.T) {
 	mustExec(t, a, "COMMIT")
 	if err := recvWithin(t, shutdown, "Shutdown"); err != nil {
 		t.Errorf("Shutdown: %v", err)
+	}
+}
+
+// TestOpenServerConnSaysWhetherThePasswordWasSent: the registry gives its
+// failed-verification tokens back only when the password certainly did not
+// reach Postgres. A refused dial says so; a connection that Postgres's
+// address accepted and then lost (the password may have gone out) does not.
+func TestOpenServerConnSaysWhetherThePasswordWasSent(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	endpoint := serverEndpoint{host: "127.0.0.1", port: port, database: "app", user: "alice", password: "pencil",
+		connectTimeout: 2 * time.Second, tlsVerify: config.TLSVerifyDisabled}
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		conn, err := ln.Accept()
+		if err == nil {
+			conn.Close()
+		}
+	}()
+	_, err = openServerConn(context.Background(), endpoint, nil)
+	<-accepted
+	if err == nil || errors.Is(err, auth.ErrPasswordNotSent) {
+		t.Fatalf("connection accepted, then closed: %v, want an error not wrapping ErrPasswordNotSent", err)
+	}
+	ln.Close()
+	_, err = openServerConn(context.Background(), endpoint, nil)
+	if !errors.Is(err, auth.ErrPasswordNotSent) {
+		t.Fatalf("dial refused: %v, want it to wrap ErrPasswordNotSent", err)
 	}
 }

@@ -372,7 +372,7 @@ func (p *Pooler) openServer(ctx context.Context, endpoint serverEndpoint) (*Serv
 	select {
 	case p.connectSlots <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("%w: waiting for a connect slot: %w", auth.ErrPasswordNotSent, ctx.Err())
 	}
 	defer func() { <-p.connectSlots }()
 	return openServerConn(ctx, endpoint, p.state.Load().serverCAs)
@@ -384,7 +384,7 @@ func (p *Pooler) verifyPassthrough(ctx context.Context, key auth.Key, password s
 	state := p.state.Load()
 	endpoint, _, ok := poolConfig(state.cfg, poolKey{user: key.User, database: key.Database})
 	if !ok {
-		return fmt.Errorf("database %q is not configured", key.Database)
+		return fmt.Errorf("%w: database %q is not configured", auth.ErrPasswordNotSent, key.Database)
 	}
 	endpoint.password = password
 	sc, err := p.openServer(ctx, endpoint)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -128,7 +129,9 @@ func copyFailedByClient(body []byte) bool {
 // (which speaks SCRAM-SHA-256, md5 and cleartext to Postgres), then takes
 // the raw connection over. roots verify the server's certificate under
 // verify_ca and verify_full (nil: the system's roots). An error that means
-// Postgres refused the credentials wraps auth.ErrRejected.
+// Postgres refused the credentials wraps auth.ErrRejected; one from before
+// any connection to Postgres was made (so the password was not sent) wraps
+// auth.ErrPasswordNotSent.
 func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.CertPool) (*ServerConn, error) {
 	sslmode := "prefer"
 	switch endpoint.tlsVerify {
@@ -165,6 +168,19 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.Ce
 		fallback.Host = endpoint.host
 		fallback.Port = uint16(endpoint.port)
 	}
+	// dialed records whether any dial (of the TLS attempt or its plaintext
+	// fallback) reached Postgres: until one did, the password cannot have
+	// been sent. After one, a failure (TLS, a timeout) may come after the
+	// password, and counts as a failed attempt for the registry's limits.
+	var dialed atomic.Bool
+	dial := connConfig.DialFunc
+	connConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err == nil {
+			dialed.Store(true)
+		}
+		return conn, err
+	}
 	if endpoint.connectTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, endpoint.connectTimeout)
@@ -176,7 +192,11 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.Ce
 		if errors.As(err, &pgErr) && (pgErr.Code == sqlstateInvalidPassword || pgErr.Code == sqlstateInvalidAuthorization) {
 			return nil, fmt.Errorf("%w: %s", auth.ErrRejected, pgErr.Message)
 		}
-		return nil, fmt.Errorf("connect to %s:%d: %w%s", endpoint.host, endpoint.port, err, tlsVerifyHint(err, endpoint.host))
+		err = fmt.Errorf("connect to %s:%d: %w%s", endpoint.host, endpoint.port, err, tlsVerifyHint(err, endpoint.host))
+		if !dialed.Load() {
+			err = fmt.Errorf("%w (%w)", err, auth.ErrPasswordNotSent)
+		}
+		return nil, err
 	}
 	if err := pgConn.SyncConn(ctx); err != nil {
 		pgConn.Close(context.Background())
