@@ -25,9 +25,10 @@ test-short:
 	$(GO) test -short ./...
 
 # Issue 4's wrong-password run at full size: 10,000 right and 10,000 wrong
-# logins per mode and pool state (make test runs 1,000 of each). A few minutes.
+# logins per mode and pool state (make test runs 1,000 of each), and the
+# rotation storm alone with its 0.8 throughput ratio. A few minutes.
 test-auth-full:
-	$(GO) test -count=1 -timeout 30m -run 'TestWrongPasswords' -v ./integration -args -wrong-password-logins=10000
+	$(GO) test -count=1 -timeout 30m -run 'TestWrongPasswords|TestRotationStorm' -v ./integration -args -wrong-password-logins=10000 -rotation-min-ratio=0.8
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
