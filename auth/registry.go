@@ -158,13 +158,13 @@ const numShards = 256
 // Authenticate.
 //
 // Measured on the 2-core development VM (AMD EPYC, Go 1.26, go test
-// -bench -benchmem -count 6, medians; re-verification on, its default):
+// -bench -benchmem -count 5, medians, 2026-12-02 after the review fixes;
+// re-verification on, its default):
 //
-//	BenchmarkRegistryFastPath-2                       238 ns/op     0 B/op   0 allocs/op
-//	BenchmarkRegistryFastPathParallel (-cpu 1)        331 ns/op     0 B/op   0 allocs/op
-//	BenchmarkRegistryFastPathParallel-2               129 ns/op     0 B/op   0 allocs/op
-//	BenchmarkRegistryWrite10k/readers=0-2           18421 ns/op  3958 B/op  22 allocs/op
-//	BenchmarkRegistryWrite10k/readers=1-2           15320 ns/op  3942 B/op  22 allocs/op  45 reads/op
+//	BenchmarkRegistryFastPath-2                       174 ns/op     0 B/op   0 allocs/op
+//	BenchmarkRegistryFastPathParallel-2               114 ns/op     0 B/op   0 allocs/op
+//	BenchmarkRegistryWrite10k/readers=0-2           14582 ns/op  3953 B/op  19 allocs/op
+//	BenchmarkRegistryWrite10k/readers=1-2           10563 ns/op  3967 B/op  19 allocs/op  38 reads/op
 //
 // The fast path has 1,000 users, the parallel one 10,000 (the time per
 // login falls from one CPU to two: readers share nothing they write), the

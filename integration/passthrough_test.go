@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"math/rand/v2"
 	"os"
@@ -254,7 +255,8 @@ var rotationMinRatio = flag.Float64("rotation-min-ratio", 0.3,
 var wrongPasswordLogins = flag.Int("wrong-password-logins", 1000,
 	"right and wrong logins each, per mode and pool state, in TestWrongPasswords")
 
-// TestWrongPasswords: in every mode available without client TLS, with
+// TestWrongPasswords: in every mode (the two that need client TLS over
+// TLS), with
 // cold pools (a fresh pgtender: no server connection, nothing verified)
 // and warm ones (after one right login: an idle server connection and a
 // verified password), logins with random wrong passwords interleaved with
@@ -278,11 +280,14 @@ func TestWrongPasswords(t *testing.T) {
 	for _, mode := range []struct {
 		name, general string
 		configured    bool
+		tls           bool // the mode needs client TLS: pgtender gets a certificate, clients use TLS
 	}{
-		{"disabled_scram", `auth_type = "scram"`, true},
-		{"disabled_md5", `auth_type = "md5"`, true},
-		{"enabled_plain", `passthrough_auth = "enabled_plain"`, false},
-		{"enabled_plain_allow_change", `passthrough_auth = "enabled_plain_allow_change"`, false},
+		{"disabled_scram", `auth_type = "scram"`, true, false},
+		{"disabled_md5", `auth_type = "md5"`, true, false},
+		{"enabled_plain", `passthrough_auth = "enabled_plain"`, false, false},
+		{"enabled_plain_allow_change", `passthrough_auth = "enabled_plain_allow_change"`, false, false},
+		{"enabled", `passthrough_auth = "enabled"`, false, true},
+		{"enabled_allow_change", `passthrough_auth = "enabled_allow_change"`, false, true},
 	} {
 		for _, state := range []string{"cold", "warm", "drained"} {
 			if state == "drained" && mode.configured {
@@ -297,11 +302,18 @@ func TestWrongPasswords(t *testing.T) {
 				// per CPU on a 2-CPU machine, and this test is not about
 				// admission control.
 				opts := poolerOptions{general: joinLines(mode.general, `max_logins_in_progress = 128`)}
+				if mode.tls {
+					_, tlsLines := poolerCert(t, t.TempDir())
+					opts.general = joinLines(tlsLines, opts.general)
+				}
 				if mode.configured {
 					opts.users = joinLines(`[[users]]`, `name = "`+role+`"`, `database = "`+appDB+`"`, `password = "`+password+`"`)
 				}
 				tp := startPooler(t, opts)
 				client := newLoginClient(t, tp, role)
+				if mode.tls {
+					client.base.TLSConfig = &tls.Config{RootCAs: sharedCA(t).Pool(), ServerName: "localhost"}
+				}
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 				defer cancel()
 				limit := auth.DefaultFailureLimit
