@@ -84,9 +84,10 @@ type loginSlots struct {
 	// read, a password exchange done, and every login ending. The stall
 	// rule watches it rather than ended: a client population slow to answer
 	// (a load generator short of CPU) still takes steps, where clients that
-	// stall mid-login take none. Measured: watching ended alone, a starved
-	// generator's 3 C wave got 14,330 refusals (median of 3 runs) while
-	// pgtender's own timers fired on time.
+	// stall mid-login take none. Watching ended alone, a 3 C wave from a
+	// load generator short of CPU got 14,330 refusals (median of 3 runs),
+	// with the late-timer rule already in place. Watching steps has not
+	// stopped such refusals on a busy machine (docs/PERFORMANCE.md).
 	progressed atomic.Uint64
 	// waited is set when an accept loop found every slot taken; the queue
 	// sizer reads and clears it each tick.
@@ -95,9 +96,9 @@ type loginSlots struct {
 	// Postgres (a passthrough verification, a cold pool's first server
 	// connection). Slots held that way are not stalled: each such wait ends
 	// within connect_timeout or checkout_timeout, and a refusal would tell
-	// clients pgtender is overloaded when Postgres is slow. Measured: 50
-	// clients logging in at once to a cold pool under load were refused
-	// with 53300 while the first server connections opened.
+	// clients pgtender is overloaded when Postgres is slow. Seen once in a
+	// full test run on a loaded machine: TestTransactionModeIsolation's 50
+	// clients, logging in at once to a cold pool, got 53300.
 	serverWaits atomic.Int64
 }
 
@@ -148,9 +149,9 @@ const (
 )
 
 // admissionPolicy is one accept loop's admission state: whether it is
-// shedding, and since which count of login steps (loginSlots.progressed). Its clock is a seam for
-// tests (real timers in production). Not safe for concurrent use: each
-// accept loop has its own, sharing the slots.
+// shedding, and since which count of login steps (loginSlots.progressed).
+// Its clock is a seam for tests (real timers in production). Not safe for
+// concurrent use: each accept loop has its own, sharing the slots.
 type admissionPolicy struct {
 	slots    *loginSlots
 	newTimer func(time.Duration) (<-chan time.Time, func() bool)
@@ -170,15 +171,14 @@ func newAdmissionPolicy(slots *loginSlots) *admissionPolicy {
 
 // beforeAccept is called before each accept. Unless shedding, it waits for
 // a free slot and reports whether it took one. It waits as long as logins
-// keep ending (another loop may win the slot each one frees); when a whole
-// target, and a short wait to confirm it, pass with every slot held and no
-// login ending and none waiting on Postgres (or done closes), the loop
-// starts shedding. A wait whose
-// timer fired late by more than half its length proves nothing: the loop
-// could not run when it was due, so the process was starved of CPU (its
-// cgroup quota spent, or a loaded machine) and so were the logins it
-// waits on; the count starts over. A pooler whose logins really stalled is
-// idle, and its timers fire on time.
+// keep taking steps (another loop may win the slot each one frees); when a
+// whole target, and a short wait to confirm it, pass with every slot held,
+// no login taking a step and none waiting on Postgres (or done closes), the
+// loop starts shedding. A wait whose timer fired late by more than half its
+// length proves nothing: the loop could not run when it was due, so the
+// process was starved of CPU (its cgroup quota spent, or a loaded machine)
+// and so were the logins it waits on; the count starts over. A pooler
+// whose logins really stalled is idle, and its timers fire on time.
 func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{}) (haveSlot bool) {
 	if a.shedding {
 		if a.slots.progressed.Load() == a.progressedAtShed {
@@ -206,19 +206,17 @@ func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{
 			return false
 		}
 		if now := a.slots.progressed.Load(); now != progressed {
-			// Logins are ending: a queue, not a stall.
+			// Logins are taking steps: a queue, not a stall.
 			progressed, wait, confirming = now, target, false
 			continue
 		}
-		if late := a.now().Sub(started) - wait; late > wait/2 {
-			// Starved, not stalled (measured: under a 20% CPU quota a
-			// 64-client closed loop was refused 66 times without this).
-			wait, confirming = target, false
-			continue
-		}
-		if a.slots.serverWaits.Load() > 0 {
-			// Logins are waiting on Postgres, not on their clients: a
-			// queue behind a slow server, bounded by its timeouts.
+		// Starved, not stalled: the timer fired late (before this rule, a
+		// 64-client closed loop under a 20% CPU quota got 66 refusals).
+		starved := a.now().Sub(started)-wait > wait/2
+		// Waiting on Postgres, not on clients: a queue behind a slow
+		// server, bounded by its timeouts.
+		waitingOnServer := a.slots.serverWaits.Load() > 0
+		if starved || waitingOnServer {
 			wait, confirming = target, false
 			continue
 		}

@@ -279,15 +279,39 @@ func TestStandingQueueNeedsAQuietSecondToClear(t *testing.T) {
 	}
 }
 
+// startBeforeAccept runs policy.beforeAccept (target 50 ms) in its own
+// goroutine; the channel receives whether it took a slot.
+func startBeforeAccept(policy *admissionPolicy) <-chan bool {
+	took := make(chan bool, 1)
+	go func() { took <- policy.beforeAccept(50*time.Millisecond, make(chan struct{})) }()
+	return took
+}
+
+// expireUntilShedding fires the pending wait and then n-1 more, each once
+// armed, and checks that beforeAccept returned without a slot, shedding.
+func expireUntilShedding(t *testing.T, policy *admissionPolicy, timers *fakeTimers, took <-chan bool, n int) {
+	t.Helper()
+	for i := range n {
+		if i > 0 {
+			<-timers.armed
+		}
+		timers.expire()
+	}
+	if <-took {
+		t.Fatal("took a slot although all were held")
+	}
+	if !policy.shedding {
+		t.Fatal("not shedding after on-time waits in which no login took a step")
+	}
+}
+
 func TestAdmissionStarvedTimersDoNotShed(t *testing.T) {
 	policy, timers := newTestPolicy(2)
 	holdAll(policy.slots)
-	never := make(chan struct{})
 	// Every timer fires 80 ms late, as in a process frozen for most of
 	// each CFS period: no login ends, yet that is no evidence of a stall.
 	timers.setLate(80 * time.Millisecond)
-	took := make(chan bool)
-	go func() { took <- policy.beforeAccept(50*time.Millisecond, never) }()
+	took := startBeforeAccept(policy)
 	for range 6 {
 		<-timers.armed
 		timers.expire()
@@ -297,28 +321,17 @@ func TestAdmissionStarvedTimersDoNotShed(t *testing.T) {
 		t.Fatal("shedding after starved waits")
 	}
 	// The process gets its CPU back and the slots still do not free: now
-	// it is a stall (the target, then the confirming wait).
+	// it is a stall (the wait armed while late, the target, then the
+	// confirming wait).
 	timers.setLate(0)
-	timers.expire() // the wait armed while late
-	<-timers.armed
-	timers.expire() // the target, on time
-	<-timers.armed
-	timers.expire() // the confirming wait, on time
-	if <-took {
-		t.Fatal("took a slot although all were held")
-	}
-	if !policy.shedding {
-		t.Fatal("not shedding after on-time waits saw no login end")
-	}
+	expireUntilShedding(t, policy, timers, took, 3)
 }
 
 func TestAdmissionLoginsWaitingOnPostgresAreNotAStall(t *testing.T) {
 	policy, timers := newTestPolicy(2)
 	holdAll(policy.slots)
-	never := make(chan struct{})
 	policy.slots.serverWaitBegin() // a login holding a slot waits on Postgres
-	took := make(chan bool)
-	go func() { took <- policy.beforeAccept(50*time.Millisecond, never) }()
+	took := startBeforeAccept(policy)
 	for range 4 {
 		<-timers.armed
 		timers.expire()
@@ -329,23 +342,13 @@ func TestAdmissionLoginsWaitingOnPostgresAreNotAStall(t *testing.T) {
 	}
 	// The wait on Postgres ends, and still no login ends: a stall.
 	policy.slots.serverWaitEnd()
-	timers.expire() // the target
-	<-timers.armed
-	timers.expire() // the confirming wait
-	if <-took {
-		t.Fatal("took a slot although all were held")
-	}
-	if !policy.shedding {
-		t.Fatal("not shedding once no login waited on Postgres and none ended")
-	}
+	expireUntilShedding(t, policy, timers, took, 2)
 }
 
 func TestAdmissionSlowClientsTakingStepsAreNotAStall(t *testing.T) {
 	policy, timers := newTestPolicy(2)
 	holdAll(policy.slots)
-	never := make(chan struct{})
-	took := make(chan bool)
-	go func() { took <- policy.beforeAccept(50*time.Millisecond, never) }()
+	took := startBeforeAccept(policy)
 	// No login ends, but one reads its startup packet in each wait, as
 	// logins of a slow client population do.
 	for range 4 {
@@ -358,13 +361,5 @@ func TestAdmissionSlowClientsTakingStepsAreNotAStall(t *testing.T) {
 		t.Fatal("shedding while logins take steps")
 	}
 	// The steps stop: a stall.
-	timers.expire()
-	<-timers.armed
-	timers.expire()
-	if <-took {
-		t.Fatal("took a slot although all were held")
-	}
-	if !policy.shedding {
-		t.Fatal("not shedding once the logins took no step")
-	}
+	expireUntilShedding(t, policy, timers, took, 2)
 }

@@ -454,7 +454,6 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 // passthrough, else against users.toml.
 func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
 	general := state.cfg.General
-	failed := fatalError(sqlstateInvalidPassword, fmt.Sprintf("password authentication failed for user %q", s.user), nil)
 	if general.PassthroughAuth.Enabled() {
 		if general.PassthroughAuth.RequiresTLS() && !s.encrypted {
 			// Refused before the password is asked for, so that it never
@@ -482,28 +481,32 @@ func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
 			// from the negative cache or a failure limit (ErrCachedRejection,
 			// ErrThrottled): it goes to the "login refused" line, which the
 			// logger samples under a storm. It never holds the password.
-			failed.err = err
-			return failed
+			return s.passwordFailed(err)
 		default:
 			return fatalError(sqlstateConnectionFailure, "could not verify the password with the database server", err)
 		}
 	}
 	if _, ok := state.cfg.User(s.user, s.database); !ok {
-		failed.err = errors.New("user not in users.toml")
-		return failed
+		return s.passwordFailed(errors.New("user not in users.toml"))
 	}
 	creds := state.credentials[auth.Key{User: s.user, Database: s.database}]
 	if creds == nil && general.AuthType != config.AuthTrust {
-		failed.err = errors.New("user has no password in users.toml")
-		return failed
+		return s.passwordFailed(errors.New("user has no password in users.toml"))
 	}
 	if err := auth.AuthenticateClient(authConn{s}, general.AuthType, creds); err != nil {
 		if errors.Is(err, auth.ErrPasswordMismatch) {
-			return failed
+			return s.passwordFailed(nil)
 		}
 		return s.authExchangeError(err)
 	}
 	return nil
+}
+
+// passwordFailed is the 28P01 a client gets for a wrong password (or an
+// unknown user, which it must not be able to tell apart); cause is for the
+// log. Built only on failure: a login that succeeds formats nothing.
+func (s *session) passwordFailed(cause error) *clientError {
+	return fatalError(sqlstateInvalidPassword, fmt.Sprintf("password authentication failed for user %q", s.user), cause)
 }
 
 // verifyPassthrough checks a passthrough password with the registry, which
@@ -531,7 +534,7 @@ func (s *session) authExchangeError(err error) error {
 	if isNormalClose(err) || isTimeout(err) {
 		return err
 	}
-	return fatalError(sqlstateInvalidPassword, fmt.Sprintf("password authentication failed for user %q", s.user), err)
+	return s.passwordFailed(err)
 }
 
 // checkoutContext bounds a wait for a server connection by checkout_timeout
