@@ -166,8 +166,8 @@ const numShards = 256
 //	BenchmarkRegistryWrite10k/readers=0-2           14582 ns/op  3953 B/op  19 allocs/op
 //	BenchmarkRegistryWrite10k/readers=1-2           10563 ns/op  3967 B/op  19 allocs/op  38 reads/op
 //
-// The fast path has 1,000 users, the parallel one 10,000 (the time per
-// login falls from one CPU to two: readers share nothing they write), the
+// The fast path has 1,000 users, the parallel one 10,000 (readers share
+// nothing they write, so two CPUs log in at once without contention), the
 // write 10,000 (readers=1: a goroutine logs in on the fast path meanwhile).
 // Most of the fast path is the SHA-256 of the presented password. A write
 // (a verified password change) copied the whole map before sharding: 1.9
@@ -313,8 +313,8 @@ func (r *Registry) Close() {
 //     without one every caller sharing it gets ErrThrottled within about
 //     joinGrace, unless no verification waits for the user's next token
 //     or it has more callers waiting on it than the one that does: then
-//     it takes that place and waits, up to DefaultThrottleWait
-//     (throttle.go). A rejection keeps
+//     it takes that place and waits, up to the throttle wait
+//     (DefaultThrottleWait unless set; throttle.go). A rejection keeps
 //     the tokens and is remembered in the negative cache; a success, or an
 //     error wrapping ErrPasswordNotSent, gives them back; any other error
 //     keeps them (the password may have reached Postgres). An error

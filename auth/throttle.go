@@ -76,17 +76,7 @@ func (r *Registry) awaitToken(user string, addr netip.Addr, f *flight) bool {
 		return true
 	}
 	if !claim() {
-		grace := time.NewTimer(joinGrace)
-		select {
-		case <-grace.C:
-		case <-f.abandoned:
-			grace.Stop()
-			return false
-		case <-r.bgCtx.Done():
-			grace.Stop()
-			return false
-		}
-		if !claim() {
+		if !r.sleepFor(joinGrace, f, nil) || !claim() {
 			return false
 		}
 	}
@@ -122,18 +112,24 @@ func (r *Registry) awaitToken(user string, addr netip.Addr, f *flight) bool {
 		if next <= 0 {
 			next = tokenPollInterval
 		}
-		timer := time.NewTimer(min(next, remaining))
-		select {
-		case <-timer.C:
-		case <-w.evicted:
-			timer.Stop()
-			return false
-		case <-f.abandoned:
-			timer.Stop()
-			return false
-		case <-r.bgCtx.Done():
-			timer.Stop()
+		if !r.sleepFor(min(next, remaining), f, w.evicted) {
 			return false
 		}
 	}
+}
+
+// sleepFor waits d and reports true, or reports false as soon as the
+// flight's clients have all left, the registry closes, or evicted closes
+// (a nil evicted never does).
+func (r *Registry) sleepFor(d time.Duration, f *flight, evicted <-chan struct{}) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-evicted:
+	case <-f.abandoned:
+	case <-r.bgCtx.Done():
+	}
+	return false
 }

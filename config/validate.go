@@ -90,10 +90,10 @@ func (l *loader) validateGeneral(g *General) {
 	if hasKey && !hasCert {
 		l.problem(src, "general.tls_private_key", "is set but tls_certificate is not; client TLS needs both")
 	}
-	if g.TLSClientRequired && !(hasCert && hasKey) {
+	if g.TLSClientRequired && !g.ClientTLS() {
 		l.problem(src, "general.tls_client_required", "requires client TLS: set tls_certificate and tls_private_key")
 	}
-	if g.PassthroughAuth.RequiresTLS() && !(hasCert && hasKey) {
+	if g.PassthroughAuth.RequiresTLS() && !g.ClientTLS() {
 		l.problem(src, "general.passthrough_auth",
 			"%q needs client TLS (clients send cleartext passwords): set tls_certificate and tls_private_key, or use %q to accept cleartext passwords without TLS",
 			g.PassthroughAuth, plainVariant(g.PassthroughAuth))

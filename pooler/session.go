@@ -472,7 +472,7 @@ func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
 		}
 		key := auth.Key{User: s.user, Database: s.database}
 		login := auth.Login{Key: key, Password: password, ClientAddr: remoteIP(s.tcp.RemoteAddr())}
-		err = s.verifyPassthrough(ctx, login)
+		err = s.awaitPassthroughVerification(ctx, login)
 		switch {
 		case err == nil:
 			return nil
@@ -509,10 +509,11 @@ func (s *session) passwordFailed(cause error) *clientError {
 	return fatalError(sqlstateInvalidPassword, fmt.Sprintf("password authentication failed for user %q", s.user), cause)
 }
 
-// verifyPassthrough checks a passthrough password with the registry, which
-// may ask Postgres. The wait is marked as a wait on Postgres for admission
-// control (loginSlots.serverWaits), panics included.
-func (s *session) verifyPassthrough(ctx context.Context, login auth.Login) error {
+// awaitPassthroughVerification checks a passthrough password with the
+// registry, which may ask Postgres (through Pooler.verifyPassthrough). The
+// wait is marked as a wait on Postgres for admission control
+// (loginSlots.serverWaits), panics included.
+func (s *session) awaitPassthroughVerification(ctx context.Context, login auth.Login) error {
 	s.pooler.loginSlots.serverWaitBegin()
 	defer s.pooler.loginSlots.serverWaitEnd()
 	return s.pooler.registry.Authenticate(ctx, login, s.pooler.verify)
@@ -520,7 +521,7 @@ func (s *session) verifyPassthrough(ctx context.Context, login auth.Login) error
 
 // poolParameters waits for the pool's server parameters (a cold pool's
 // first server connection), marked as a wait on Postgres like
-// verifyPassthrough.
+// awaitPassthroughVerification.
 func (s *session) poolParameters(ctx context.Context, pool *Pool) ([]serverParameter, error) {
 	s.pooler.loginSlots.serverWaitBegin()
 	defer s.pooler.loginSlots.serverWaitEnd()

@@ -88,6 +88,7 @@ func (s *session) answerSSLRequest(state *runtimeState) error {
 // sslRequired refuses a plaintext client (28000, counted as rejected);
 // why is for the log.
 func sslRequired(why string) *clientError {
-	return &clientError{severity: wire.SeverityFatal, code: sqlstateInvalidAuthorization,
-		message: "SSL required", err: errors.New(why), result: LoginRejected}
+	ce := fatalError(sqlstateInvalidAuthorization, "SSL required", errors.New(why))
+	ce.result = LoginRejected
+	return ce
 }

@@ -15,7 +15,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -133,17 +132,6 @@ func (l *Leaf) WriteFiles(t testing.TB, dir string) (certFile, keyFile string) {
 	write(t, certFile, l.CertPEM)
 	write(t, keyFile, l.KeyPEM)
 	return certFile, keyFile
-}
-
-// TLSCertificate is the leaf as a tls.Certificate, for a server in the
-// test itself.
-func (l *Leaf) TLSCertificate(t testing.TB) tls.Certificate {
-	t.Helper()
-	cert, err := tls.X509KeyPair(l.CertPEM, l.KeyPEM)
-	if err != nil {
-		t.Fatalf("testcert: %v", err)
-	}
-	return cert
 }
 
 func newKey(t testing.TB) *ecdsa.PrivateKey {
