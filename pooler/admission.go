@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -50,9 +51,30 @@ import (
 // slotsPerCPU is the default number of login slots per GOMAXPROCS.
 const slotsPerCPU = 16
 
-// stallConfirmDivisor sets the confirming wait after login_queue_target:
+// stallConfirmDivisor sets the confirming wait after the stall wait:
 // target/stallConfirmDivisor (12.5 ms for the default 50 ms).
 const stallConfirmDivisor = 4
+
+// The stall wait follows the slowness of the clients (loginSlots.stallWait).
+// A fixed login_queue_target cannot tell a slow client population from a
+// stalled one: on a busy machine, a load generator short of CPU let all 32
+// logins in progress go 62.5 ms without a step while pgtender's timers ran
+// on time, and the rule refused clients that would have been served (36 at
+// 1 C, 305 at 1.5 C in one run; docs/PERFORMANCE.md). So the wait is at
+// least login_queue_target and at least stallGapFactor times the longest
+// spell, recently, in which every slot was held and no login took a step
+// until one did (a slow spell, not a stall), decaying by half every
+// stallGapHalfLife; it never exceeds stallWaitCeiling, and a spell longer
+// than that is a stall whatever ended it, so it is not learnt from.
+const (
+	stallGapFactor   = 2
+	stallGapHalfLife = 10 * time.Second
+	stallWaitCeiling = 400 * time.Millisecond
+	// stallGapFloor: spells shorter than this are not recorded (they
+	// could not raise the wait above any sensible target), so the common
+	// step costs a clock read and an atomic swap, and no lock.
+	stallGapFloor = 10 * time.Millisecond
+)
 
 // shedDeadline bounds how long a refused connection may take pgtender's
 // time: reading its startup packet (so the client sees the error, not a
@@ -100,6 +122,19 @@ type loginSlots struct {
 	// full test run on a loaded machine: TestTransactionModeIsolation's 50
 	// clients, logging in at once to a cold pool, got 53300.
 	serverWaits atomic.Int64
+
+	// clock reads monotonic time since the slots were made (a seam for
+	// tests). lastEvent is its reading at the latest slot taken or login
+	// step: a spell in which every slot is held without a step begins with
+	// one of the two, so a step that finds every slot held ends a spell of
+	// now - lastEvent.
+	clock     func() time.Duration
+	lastEvent atomic.Int64
+	// slowSpell is the longest recent spell that a step ended (see
+	// stallWait), with the clock reading it was recorded at.
+	slowSpellMu sync.Mutex
+	slowSpell   time.Duration
+	slowSpellAt time.Duration
 }
 
 // serverWaitBegin and serverWaitEnd bracket a login's wait on Postgres.
@@ -110,13 +145,15 @@ func newLoginSlots(n int) *loginSlots {
 	if n <= 0 {
 		n = slotsPerCPU * runtime.GOMAXPROCS(0)
 	}
-	return &loginSlots{held: make(chan struct{}, n)}
+	epoch := time.Now()
+	return &loginSlots{held: make(chan struct{}, n), clock: func() time.Duration { return time.Since(epoch) }}
 }
 
 // tryAcquire takes a slot if one is free.
 func (s *loginSlots) tryAcquire() bool {
 	select {
 	case s.held <- struct{}{}:
+		s.lastEvent.Store(int64(s.clock()))
 		return true
 	default:
 		return false
@@ -126,13 +163,53 @@ func (s *loginSlots) tryAcquire() bool {
 // release gives back the slot of a login that ended (served, failed or
 // abandoned).
 func (s *loginSlots) release() {
+	s.step()
 	<-s.held
 	s.ended.Add(1)
 	s.progressed.Add(1)
 }
 
 // progress records a step of a login holding a slot (see progressed).
-func (s *loginSlots) progress() { s.progressed.Add(1) }
+func (s *loginSlots) progress() {
+	s.step()
+	s.progressed.Add(1)
+}
+
+// step notes the time of a login's step and, when it ends a slow spell
+// (every slot held, no step for at least stallGapFloor), records the spell.
+func (s *loginSlots) step() {
+	now := s.clock()
+	spell := now - time.Duration(s.lastEvent.Swap(int64(now)))
+	if spell < stallGapFloor || spell > stallWaitCeiling || len(s.held) < cap(s.held) {
+		return
+	}
+	s.slowSpellMu.Lock()
+	defer s.slowSpellMu.Unlock()
+	if spell >= s.decayedSlowSpell(now) {
+		s.slowSpell, s.slowSpellAt = spell, now
+	}
+}
+
+// decayedSlowSpell is the recorded slow spell halved for every
+// stallGapHalfLife since it was recorded. slowSpellMu must be held.
+func (s *loginSlots) decayedSlowSpell(now time.Duration) time.Duration {
+	halvings := (now - s.slowSpellAt) / stallGapHalfLife
+	if halvings >= 32 {
+		return 0
+	}
+	return s.slowSpell >> halvings
+}
+
+// stallWait is how long every slot must stay held with no login taking a
+// step before the slots count as stalled: target (login_queue_target), or
+// stallGapFactor times the recent slowest spell, whichever is longer, and
+// at most stallWaitCeiling (or target, if that is longer).
+func (s *loginSlots) stallWait(target time.Duration) time.Duration {
+	s.slowSpellMu.Lock()
+	spell := s.decayedSlowSpell(s.clock())
+	s.slowSpellMu.Unlock()
+	return max(target, min(stallGapFactor*spell, stallWaitCeiling))
+}
 
 // unused gives back a slot that no login used (the connection was refused
 // or the accept failed); it is not progress.
@@ -157,6 +234,9 @@ type admissionPolicy struct {
 	newTimer func(time.Duration) (<-chan time.Time, func() bool)
 	now      func() time.Time
 	shedding bool
+	// stallWait is the stall wait that started the shedding, for its log
+	// line.
+	stallWait time.Duration
 	// progressedAtShed is slots.progressed when shedding began: shedding
 	// stops as soon as a login takes a step after it.
 	progressedAtShed uint64
@@ -172,9 +252,10 @@ func newAdmissionPolicy(slots *loginSlots) *admissionPolicy {
 // beforeAccept is called before each accept. Unless shedding, it waits for
 // a free slot and reports whether it took one. It waits as long as logins
 // keep taking steps (another loop may win the slot each one frees); when a
-// whole target, and a short wait to confirm it, pass with every slot held,
-// no login taking a step and none waiting on Postgres (or done closes), the
-// loop starts shedding. A wait whose timer fired late by more than half its
+// whole stall wait (target, or longer after slow spells: stallWait), and a
+// short wait to confirm it, pass with every slot held, no login taking a
+// step and none waiting on Postgres (or done closes), the loop starts
+// shedding. A wait whose timer fired late by more than half its
 // length proves nothing: the loop could not run when it was due, so the
 // process was starved of CPU (its cgroup quota spent, or a loaded machine)
 // and so were the logins it waits on; the count starts over. A pooler
@@ -192,13 +273,15 @@ func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{
 	}
 	a.slots.waited.Store(true)
 	progressed := a.slots.progressed.Load()
-	wait, confirming := target, false
+	stallWait := a.slots.stallWait(target)
+	wait, confirming := stallWait, false
 	for {
 		started := a.now()
 		expired, stop := a.newTimer(wait)
 		select {
 		case a.slots.held <- struct{}{}:
 			stop()
+			a.slots.lastEvent.Store(int64(a.slots.clock()))
 			return true
 		case <-expired:
 		case <-done:
@@ -206,8 +289,10 @@ func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{
 			return false
 		}
 		if now := a.slots.progressed.Load(); now != progressed {
-			// Logins are taking steps: a queue, not a stall.
-			progressed, wait, confirming = now, target, false
+			// Logins are taking steps: a queue, not a stall. The step
+			// may have ended a slow spell that lengthens the wait.
+			stallWait = a.slots.stallWait(target)
+			progressed, wait, confirming = now, stallWait, false
 			continue
 		}
 		// Starved, not stalled: the timer fired late (before this rule, a
@@ -217,7 +302,7 @@ func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{
 		// server, bounded by its timeouts.
 		waitingOnServer := a.slots.serverWaits.Load() > 0
 		if starved || waitingOnServer {
-			wait, confirming = target, false
+			wait, confirming = stallWait, false
 			continue
 		}
 		if !confirming {
@@ -228,7 +313,7 @@ func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{
 			wait, confirming = max(target/stallConfirmDivisor, time.Millisecond), true
 			continue
 		}
-		a.shedding = true
+		a.shedding, a.stallWait = true, stallWait
 		a.progressedAtShed = progressed
 		return false
 	}

@@ -13,9 +13,10 @@ type fakeTimers struct {
 	fire  chan time.Time
 	armed chan struct{} // receives once per timer started
 
-	mu    sync.Mutex
-	clock time.Time
-	late  time.Duration
+	mu       sync.Mutex
+	clock    time.Time
+	late     time.Duration
+	lastWait time.Duration // the length of the latest timer started
 }
 
 func newFakeTimers() *fakeTimers {
@@ -25,6 +26,7 @@ func newFakeTimers() *fakeTimers {
 func (f *fakeTimers) newTimer(d time.Duration) (<-chan time.Time, func() bool) {
 	f.mu.Lock()
 	f.clock = f.clock.Add(d + f.late)
+	f.lastWait = d
 	f.mu.Unlock()
 	f.armed <- struct{}{}
 	return f.fire, func() bool { return true }
@@ -362,4 +364,86 @@ func TestAdmissionSlowClientsTakingStepsAreNotAStall(t *testing.T) {
 	}
 	// The steps stop: a stall.
 	expireUntilShedding(t, policy, timers, took, 2)
+}
+
+// manualClock is a loginSlots clock that moves only when told.
+type manualClock struct{ now time.Duration }
+
+func (c *manualClock) read() time.Duration { return c.now }
+
+func TestStallWaitFollowsSlowSpells(t *testing.T) {
+	const target = 50 * time.Millisecond
+	slots := newLoginSlots(2)
+	clock := &manualClock{now: time.Hour}
+	slots.clock = clock.read
+	wantWait := func(when string, want time.Duration) {
+		t.Helper()
+		if got := slots.stallWait(target); got != want {
+			t.Fatalf("%s: stall wait %v, want %v", when, got, want)
+		}
+	}
+	wantWait("with no history", target)
+
+	// A spell with a slot free is not a slow spell: nobody was waiting.
+	slots.tryAcquire()
+	clock.now += 300 * time.Millisecond
+	slots.progress()
+	wantWait("after a spell with a slot free", target)
+
+	// Every slot held, and the next step comes 90 ms after the slot was
+	// taken: the clients are that slow, and the wait doubles the spell.
+	slots.tryAcquire()
+	clock.now += 90 * time.Millisecond
+	slots.progress()
+	wantWait("after a 90 ms spell", 180*time.Millisecond)
+
+	// A shorter spell does not shorten it; the wait halves every half-life.
+	clock.now += 20 * time.Millisecond
+	slots.progress()
+	wantWait("after a 20 ms spell", 180*time.Millisecond)
+	clock.now += stallGapHalfLife
+	wantWait("a half-life later", 90*time.Millisecond)
+	clock.now += stallGapHalfLife
+	wantWait("two half-lives later", target)
+
+	// Spells shorter than the floor are not recorded at all.
+	recordedAt := slots.slowSpellAt
+	clock.now += stallGapFloor - time.Millisecond
+	slots.progress()
+	if slots.slowSpellAt != recordedAt {
+		t.Fatalf("a spell under the floor replaced the record (%v, decayed to %v)", slots.slowSpell, slots.decayedSlowSpell(clock.now))
+	}
+
+	// A spell longer than the ceiling is a stall, whatever ended it: not
+	// learnt from. One just under it sets the wait to the ceiling.
+	clock.now += 5 * time.Second
+	slots.progress()
+	wantWait("after a 5 s stall", target)
+	clock.now += stallWaitCeiling - time.Millisecond
+	slots.release()
+	wantWait("after a spell just under the ceiling", stallWaitCeiling)
+}
+
+func TestAdmissionWaitsLongerAfterSlowSpells(t *testing.T) {
+	policy, timers := newTestPolicy(2)
+	clock := &manualClock{now: time.Hour}
+	policy.slots.clock = clock.read
+	holdAll(policy.slots)
+	// The clients took 120 ms for a step while every slot was held (a
+	// load generator short of CPU): such a pause is no stall now.
+	clock.now += 120 * time.Millisecond
+	policy.slots.progress()
+	took := startBeforeAccept(policy)
+	<-timers.armed
+	timers.mu.Lock()
+	wait := timers.lastWait
+	timers.mu.Unlock()
+	if wait != 240*time.Millisecond {
+		t.Fatalf("stall wait %v after a 120 ms slow spell, want 240ms", wait)
+	}
+	// No step in that longer wait, nor in the confirming one: a stall.
+	expireUntilShedding(t, policy, timers, took, 2)
+	if policy.stallWait != 240*time.Millisecond {
+		t.Fatalf("shedding recorded stall wait %v", policy.stallWait)
+	}
 }

@@ -139,7 +139,14 @@ func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
 	admission := newAdmissionPolicy(p.loginSlots)
 	for {
 		general := p.state.Load().cfg.General
+		wasShedding := admission.shedding
 		haveSlot := admission.beforeAccept(general.LoginQueueTarget.Duration(), p.done)
+		if admission.shedding && !wasShedding {
+			// Once per stall, not per refusal (those are sampled).
+			p.log.Info("login slots stalled: refusing new logins until one takes a step",
+				zap.Int("worker", worker), zap.Int("logins_in_progress", len(p.loginSlots.held)),
+				zap.Duration("stall_wait", admission.stallWait))
+		}
 		if !haveSlot && p.draining.Load() {
 			return
 		}
