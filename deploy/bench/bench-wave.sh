@@ -21,6 +21,9 @@
 #                         the peers alternating, and the table prints medians
 #   PEERS ["pgtender pgbouncer"] which poolers to measure
 #   PGT_GENERAL [""]      extra lines for pgtender's [general] (e.g. admission settings)
+#   GEN_QUOTA_PCT [""]    if set, the load generator runs in a cgroup of its own
+#                         with this quota: a client population short of CPU,
+#                         whose logins pause for most of each CFS period
 # Loopback only: everything listens on and connects to 127.0.0.1.
 set -euo pipefail
 
@@ -59,18 +62,19 @@ else
   die "no cgroup cpu controller found (neither /sys/fs/cgroup/cgroup.controllers with cpu nor /sys/fs/cgroup/cpu); cannot cap CPU"
 fi
 
-# cg_make NAME: creates the child cgroup with the quota; prints its path.
+# cg_make NAME [QUOTA_US]: creates the child cgroup with the quota (QUOTA_US
+# by default); prints its path.
 cg_make() {
-  local d=$cg_root/pgtender-bench-$1
+  local d=$cg_root/pgtender-bench-$1 quota=${2:-$QUOTA_US}
   [[ -d $d ]] || mkdir "$d" 2>/dev/null || die "cannot create cgroup $d (read-only cgroup fs?)"
   if [[ $cg_mode == v1 ]]; then
     echo "$PERIOD_US" >"$d/cpu.cfs_period_us" 2>/dev/null || die "cannot write $d/cpu.cfs_period_us"
-    echo "$QUOTA_US" >"$d/cpu.cfs_quota_us" 2>/dev/null || die "cannot write $d/cpu.cfs_quota_us"
+    echo "$quota" >"$d/cpu.cfs_quota_us" 2>/dev/null || die "cannot write $d/cpu.cfs_quota_us"
   else
     if ! grep -qw cpu "$cg_root/cgroup.subtree_control" 2>/dev/null; then
       echo +cpu >"$cg_root/cgroup.subtree_control" 2>/dev/null || die "cannot enable the cpu controller in $cg_root/cgroup.subtree_control"
     fi
-    echo "$QUOTA_US $PERIOD_US" >"$d/cpu.max" 2>/dev/null || die "cannot write $d/cpu.max"
+    echo "$quota $PERIOD_US" >"$d/cpu.max" 2>/dev/null || die "cannot write $d/cpu.max"
   fi
   # Prove the cgroup accepts a process.
   bash -c "echo \$\$ >'$d/cgroup.procs'" 2>/dev/null || die "cannot move a process into $d/cgroup.procs"
@@ -88,6 +92,11 @@ cg_throttled() { # number of throttled periods
 CG_PGT=$(cg_make pgtender)
 CG_PGB=$(cg_make pgbouncer)
 say "cgroup $cg_mode: quota ${QUOTA_US}us per ${PERIOD_US}us (${QUOTA_PCT}% of one CPU) in $CG_PGT and $CG_PGB"
+CG_GEN=""
+if [[ -n ${GEN_QUOTA_PCT:-} ]]; then
+  CG_GEN=$(cg_make generator $(( PERIOD_US * GEN_QUOTA_PCT / 100 )))
+  say "the load generator runs in $CG_GEN with ${GEN_QUOTA_PCT}% of one CPU"
+fi
 
 # --- results --------------------------------------------------------------
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
@@ -115,7 +124,7 @@ cleanup() {
   trap - EXIT INT TERM
   stop_peer
   [[ $pg_started -eq 1 ]] && "$repo/deploy/sandbox.sh" stop || true
-  rmdir "$CG_PGT" "$CG_PGB" 2>/dev/null || true
+  rmdir "$CG_PGT" "$CG_PGB" ${CG_GEN:+"$CG_GEN"} 2>/dev/null || true
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -238,7 +247,11 @@ run_storm() {
   if [[ $name == pgtender ]]; then metrics=(-metrics "http://127.0.0.1:$METRICS_PORT/metrics"); fi
   local u0 t0 u1 t1 rc=0 js
   u0=$(pooler_cpu_us); t0=$(cg_throttled "$cg")
-  js=$(timeout 60 "$repo/bin/loginstorm" -addr "127.0.0.1:$port" -password pgtender \
+  local enter=()
+  # The generator's own cgroup, if any: the shell moves itself in, then
+  # becomes loginstorm.
+  [[ -n $CG_GEN ]] && enter=(bash -c 'echo $$ >"$0/cgroup.procs" && shift && exec "$@"' "$CG_GEN" _)
+  js=$(timeout 60 "${enter[@]}" "$repo/bin/loginstorm" -addr "127.0.0.1:$port" -password pgtender \
         -deadline "$DEADLINE" -json -progress never "${metrics[@]}" "$@" 2>"$out/last.stderr") || rc=$?
   u1=$(pooler_cpu_us); t1=$(cg_throttled "$cg")
   if ! jq -e . >/dev/null 2>&1 <<<"$js"; then
@@ -259,6 +272,7 @@ dl_s=${DEADLINE%s}
   echo "commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (dirty work tree)')"
   echo "date $(date -u +%FT%TZ)  trials $REPEAT  cgroup $cg_mode  quota ${QUOTA_PCT}% of one CPU  pool $POOL_SIZE"
   [[ -n $PGT_GENERAL ]] && echo "pgtender [general] extra: $PGT_GENERAL"
+  [[ -n $CG_GEN ]] && echo "load generator capped at ${GEN_QUOTA_PCT}% of one CPU"
   echo "nproc $(nproc)  loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "somaxconn $(sysctl -n net.core.somaxconn)  tcp_max_syn_backlog $(sysctl -n net.ipv4.tcp_max_syn_backlog)  syncookies $(sysctl -n net.ipv4.tcp_syncookies)"
   echo "$(go version 2>/dev/null || /usr/local/go/bin/go version)  $(pgbouncer --version | head -1)"

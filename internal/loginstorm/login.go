@@ -85,6 +85,11 @@ type Outcome struct {
 	// (the query, or ReadyForQuery), or, for a refusal, to the moment its
 	// ErrorResponse was read.
 	Latency time.Duration
+	// Connect is how long the TCP connect took, of Latency: the time the
+	// server's kernel kept the client waiting (a SYN dropped while its
+	// accept queue was full is retried after 1 s and 3 s) before the
+	// server could see the connection. Zero when it did not connect.
+	Connect time.Duration
 	Reach   Reach
 	// LoggedIn is true when the server sent ReadyForQuery: the server counts
 	// it as an admitted login whatever happened after.
@@ -228,6 +233,7 @@ func (c *Client) login(ctx context.Context, plan Plan, start time.Time, skipQuer
 		}
 		return Outcome{Class: ClassConnect, Stage: StageConnect, Message: err.Error(), Reach: reach}, nil
 	}
+	connected := c.now().Sub(start)
 	// The context bounds the dial; the deadline bounds every read and write.
 	// A cancelled parent context (the run was interrupted) closes the socket.
 	_ = conn.SetDeadline(hardDeadline)
@@ -339,7 +345,7 @@ func (c *Client) login(ctx context.Context, plan Plan, start time.Time, skipQuer
 				class = ClassWrongRefused
 			}
 			c.closeOnly(conn)
-			return Outcome{Class: class, Stage: stage, SQLState: message.Code, Message: message.Message, Latency: latency, Reach: reach}, nil
+			return Outcome{Class: class, Stage: stage, SQLState: message.Code, Message: message.Message, Latency: latency, Connect: connected, Reach: reach}, nil
 		case *pgproto3.ReadyForQuery:
 			if stage != StageReady {
 				return failed(ClassProtocol, stage, errors.New("ReadyForQuery before AuthenticationOk"))

@@ -21,7 +21,10 @@ type Collector struct {
 	timeouts  map[Stage]int64
 	latencies []time.Duration // of completed logins (on time and late)
 	refusals  []time.Duration // of refused logins, to the ErrorResponse
-	loggedIn  int64           // outcomes where the server sent ReadyForQuery
+	// refusalsAfterConnect: of refused logins, from the established
+	// connection to the ErrorResponse (the server's part of the wait).
+	refusalsAfterConnect []time.Duration
+	loggedIn             int64 // outcomes where the server sent ReadyForQuery
 	// unanswered counts the logins that ended without the server's answer
 	// (timeouts before ReadyForQuery, broken connections, connect
 	// timeouts) by how far they got, for the reconciliation's bounds.
@@ -53,6 +56,7 @@ func (c *Collector) Record(outcome Outcome) {
 	case ClassRefused, ClassWrongRefused:
 		c.sqlStates[outcome.SQLState]++
 		c.refusals = append(c.refusals, outcome.Latency)
+		c.refusalsAfterConnect = append(c.refusalsAfterConnect, outcome.Latency-outcome.Connect)
 	case ClassAbandoned:
 		c.abandoned[outcome.Stage]++
 	case ClassTimeout:
@@ -121,12 +125,17 @@ type Summary struct {
 	// start of the connect to the ErrorResponse.
 	RefusalLatency       RefusalLatencySummary `json:"refusal_latency_seconds"`
 	RefusalsWithinTarget int64                 `json:"refusals_within_100ms"`
-	Dispatch             *DispatchStats        `json:"dispatch,omitempty"`
-	Held                 *HoldSummary          `json:"held,omitempty"`
-	Gate                 GateResult            `json:"gate"`
-	Reconciliation       []ReconcileRow        `json:"reconciliation,omitempty"`
-	Interrupted          bool                  `json:"interrupted,omitempty"`
-	Settings             map[string]string     `json:"settings"`
+	// RefusalAfterConnect is the same refusals timed from the established
+	// connection: without the time the client spent retrying its SYN
+	// while the server's accept queue was full.
+	RefusalAfterConnect        LatencySummary    `json:"refusal_after_connect_seconds"`
+	RefusalsWithinTargetOfConn int64             `json:"refusals_within_100ms_of_connect"`
+	Dispatch                   *DispatchStats    `json:"dispatch,omitempty"`
+	Held                       *HoldSummary      `json:"held,omitempty"`
+	Gate                       GateResult        `json:"gate"`
+	Reconciliation             []ReconcileRow    `json:"reconciliation,omitempty"`
+	Interrupted                bool              `json:"interrupted,omitempty"`
+	Settings                   map[string]string `json:"settings"`
 }
 
 // LatencySummary holds percentiles of completed logins, in seconds.
@@ -188,13 +197,22 @@ func (c *Collector) Summarize(elapsed time.Duration, gateOnTime float64) Summary
 	}
 	summary.Latency = summarizeLatencies(c.latencies)
 	summary.RefusalLatency = RefusalLatencySummary{Count: int64(len(c.refusals)), LatencySummary: summarizeLatencies(c.refusals)}
-	for _, latency := range c.refusals {
-		if latency <= RefusalTarget {
-			summary.RefusalsWithinTarget++
-		}
-	}
+	summary.RefusalsWithinTarget = countWithin(c.refusals, RefusalTarget)
+	summary.RefusalAfterConnect = summarizeLatencies(c.refusalsAfterConnect)
+	summary.RefusalsWithinTargetOfConn = countWithin(c.refusalsAfterConnect, RefusalTarget)
 	summary.Gate = evaluateGate(summary.OnTime+summary.WrongRefused, summary.Planned-summary.Abandoned, gateOnTime)
 	return summary
+}
+
+// countWithin counts the latencies no longer than limit.
+func countWithin(latencies []time.Duration, limit time.Duration) int64 {
+	var n int64
+	for _, latency := range latencies {
+		if latency <= limit {
+			n++
+		}
+	}
+	return n
 }
 
 func evaluateGate(good, denominator int64, want float64) GateResult {
@@ -281,6 +299,10 @@ func (s Summary) WriteText(out io.Writer) {
 		fmt.Fprintf(out, "  latency of refusals (%d): p50 %s  p95 %s  p99 %s  max %s; within %s: %d (%.2f%%)\n",
 			refusals.Count, seconds(refusals.P50), seconds(refusals.P95), seconds(refusals.P99), seconds(refusals.Max),
 			RefusalTarget, s.RefusalsWithinTarget, 100*float64(s.RefusalsWithinTarget)/float64(refusals.Count))
+		after := s.RefusalAfterConnect
+		fmt.Fprintf(out, "    from the established connection:  p50 %s  p95 %s  p99 %s  max %s; within %s: %d (%.2f%%)\n",
+			seconds(after.P50), seconds(after.P95), seconds(after.P99), seconds(after.Max),
+			RefusalTarget, s.RefusalsWithinTargetOfConn, 100*float64(s.RefusalsWithinTargetOfConn)/float64(refusals.Count))
 	}
 	if s.Dispatch != nil {
 		verdict := "kept its schedule"

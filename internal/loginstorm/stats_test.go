@@ -110,6 +110,11 @@ func TestRefusalLatency(t *testing.T) {
 		if i%4 == 0 {
 			outcome.Class, outcome.SQLState = ClassWrongRefused, "28P01"
 		}
+		if i%2 == 0 {
+			// The connect took all but 5 ms (SYNs retried while the
+			// server's accept queue was full).
+			outcome.Connect = outcome.Latency - 5*time.Millisecond
+		}
 		collector.Record(outcome)
 		collector.Record(Outcome{Class: ClassOnTime, Latency: time.Second, LoggedIn: true})
 	}
@@ -122,6 +127,11 @@ func TestRefusalLatency(t *testing.T) {
 	// 10 ms ... 100 ms: the target is inclusive.
 	if summary.RefusalsWithinTarget != 10 {
 		t.Fatalf("refusals within 100ms: %d, want 10", summary.RefusalsWithinTarget)
+	}
+	// From the established connection: 5 ms for the even ones, 10..190 ms
+	// for the odd ones; 15 within the target.
+	if after := summary.RefusalAfterConnect; summary.RefusalsWithinTargetOfConn != 15 || after.Max != 0.19 || after.P50 != 0.005 {
+		t.Fatalf("refusals after the connect %+v, %d within 100ms; want max 0.19 s, p50 0.005 s, 15", after, summary.RefusalsWithinTargetOfConn)
 	}
 	if summary.Latency.P50 != 1 || summary.Latency.Max != 1 {
 		t.Fatalf("completed latency %+v mixes in refusals", summary.Latency)
