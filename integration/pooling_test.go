@@ -356,3 +356,53 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("bystander: %v", err)
 	}
 }
+
+// TestClientGoneMidQueryReusesServer: against a real Postgres, a client
+// that vanishes with a long query running inside a transaction leaves its
+// server connection to the pooler, which cancels the query, rolls the
+// transaction back and gives the same backend, clean, to the next client
+// (with one server connection in the pool, it must).
+func TestClientGoneMidQueryReusesServer(t *testing.T) {
+	tp := startPooler(t, poolerOptions{general: `passthrough_auth = "enabled_plain"`, pool: "pool_size = 1"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	leaver := tp.connect(t, ctx)
+	var pid int
+	if err := leaver.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_, _ = leaver.Exec(ctx, "BEGIN; CREATE TEMP TABLE left_behind(x int); SELECT pg_sleep(30)")
+	}()
+	admin := direct(t, ctx)
+	eventually(t, 10*time.Second, "pg_sleep to start", func() bool {
+		var n int
+		_ = admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND query LIKE '%pg_sleep(30)%'", pid).Scan(&n)
+		return n == 1
+	})
+	// Vanish: close the socket under pgx, without Terminate.
+	_ = leaver.PgConn().Conn().Close()
+
+	started := time.Now()
+	next := tp.connect(t, ctx)
+	var nextPID, leftTables int
+	if err := next.QueryRow(ctx, "SELECT pg_backend_pid(), (SELECT count(*) FROM pg_class WHERE relname = 'left_behind')").
+		Scan(&nextPID, &leftTables); err != nil {
+		t.Fatal(err)
+	}
+	inTransaction := next.PgConn().TxStatus() != 'I' // the backend's own ReadyForQuery status
+	t.Logf("next client served after %v", time.Since(started))
+	if nextPID != pid {
+		t.Errorf("next client on backend %d, want the cleaned-up %d", nextPID, pid)
+	}
+	if inTransaction || leftTables != 0 {
+		t.Errorf("the reused backend kept the departed client's transaction (in transaction %v, its temp table seen %d times)", inTransaction, leftTables)
+	}
+	var state string
+	if err := admin.QueryRow(ctx, "SELECT state FROM pg_stat_activity WHERE pid = $1", pid).Scan(&state); err != nil {
+		t.Fatal(err)
+	}
+	if state != "idle" && state != "active" {
+		t.Errorf("backend %d state %q after reuse", pid, state)
+	}
+}

@@ -63,14 +63,17 @@ func TestClientGoneIdleInTransactionIsRolledBack(t *testing.T) {
 	}
 }
 
-// TestClientGoneMidQueryCancelsAndClosesServer: a client that vanishes
-// while its query runs (or in the middle of a COPY) leaves a server
-// connection that cannot be made clean: the pooler cancels the query on
-// that backend and closes the connection; the next client gets a new one.
-func TestClientGoneMidQueryCancelsAndClosesServer(t *testing.T) {
-	t.Run("query", func(t *testing.T) {
+// TestClientGoneMidQuery: a client that vanishes while its query runs
+// leaves a server connection the pooler can still make clean: it lets the
+// query finish, or cancels it after a moment, drops the replies, rolls back
+// an open transaction and reuses the connection (replacing it would cost a
+// connect and an authentication). In the middle of a COPY from the client
+// it cannot: it closes the connection, and the next client gets a new one.
+func TestClientGoneMidQuery(t *testing.T) {
+	t.Run("canceled in a transaction", func(t *testing.T) {
 		h := newHarness(t, nil)
 		conn, fe := h.rawConnect()
+		fe.Send(&pgproto3.Query{String: "BEGIN"})
 		fe.Send(&pgproto3.Query{String: "SLEEP"})
 		if err := fe.Flush(); err != nil {
 			t.Fatal(err)
@@ -79,14 +82,39 @@ func TestClientGoneMidQueryCancelsAndClosesServer(t *testing.T) {
 		waitFor(t, "SLEEP to start", func() bool { server = h.fake.sleeper(); return server != nil })
 		conn.Close()
 
-		waitFor(t, "the abandoned server connection to be closed", server.Ended)
+		waitFor(t, "the abandoned transaction to be rolled back", func() bool { return server.received("ROLLBACK") })
 		if cancels := h.fake.cancelList(); len(cancels) != 1 || cancels[0].PID != server.pid || !cancels[0].Matched {
 			t.Errorf("cancel requests %+v, want one matching backend %d", cancels, server.pid)
 		}
-		waitFor(t, "the pool to forget the closed connection", func() bool { return h.stat().Total == 0 })
 		b := h.connect()
-		if pid := mustWhoami(t, b); pid == server.pid {
-			t.Errorf("next client served by the abandoned backend %d", pid)
+		if pid := mustWhoami(t, b); pid != server.pid {
+			t.Errorf("next client served by backend %d, want the cleaned-up %d", pid, server.pid)
+		}
+		if server.Ended() || server.TxStatus() != 'I' {
+			t.Errorf("reused connection ended %v, transaction status %c", server.Ended(), server.TxStatus())
+		}
+		if total := h.stat().Total; total != 1 {
+			t.Errorf("pool holds %d server connections, want the one reused", total)
+		}
+	})
+	t.Run("finishes by itself", func(t *testing.T) {
+		h := newHarness(t, nil)
+		conn, fe := h.rawConnect()
+		fe.Send(&pgproto3.Query{String: "GATE slow"})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var server *fakeConn
+		waitFor(t, "the query to start", func() bool { server = h.fake.atGate("slow"); return server != nil })
+		conn.Close()
+		h.fake.openGate("slow")
+
+		b := h.connect()
+		if pid := mustWhoami(t, b); pid != server.pid {
+			t.Errorf("next client served by backend %d, want the drained %d", pid, server.pid)
+		}
+		if server.Ended() || server.received("ROLLBACK") {
+			t.Errorf("an autocommit query's connection was ended (%v) or rolled back: %q", server.Ended(), server.Log())
 		}
 	})
 	t.Run("copy", func(t *testing.T) {

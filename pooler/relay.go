@@ -577,31 +577,70 @@ func (s *session) finish() {
 	s.mu.Lock()
 	sc = s.server
 	s.server = nil
-	pending, unsynced, clientMid, txStatus := s.pending, s.unsynced, s.clientMid, s.txStatus
+	pending, unsynced, clientMid, copyIn, txStatus := s.pending, s.unsynced, s.clientMid, s.copyIn, s.txStatus
 	s.mu.Unlock()
 	if sc != nil {
-		s.returnServer(sc, pending, unsynced || clientMid, txStatus)
+		// A COPY from the client is as unfinishable without it as a
+		// half-sent batch.
+		s.returnServer(sc, pending, unsynced || clientMid || copyIn, txStatus)
 	}
 	s.logDisconnect()
 }
 
+// drainBeforeCancel is how long returnServer waits for the replies to a
+// departed client's requests before it cancels them: most finish sooner
+// (the query of a client that timed out while it waited for a server
+// connection), and a cancel costs Postgres a connection of its own.
+const drainBeforeCancel = 50 * time.Millisecond
+
 // returnServer cleans up a server connection whose client left and gives
 // it back to the pool, or closes it when it cannot be made clean within
-// rollback_timeout. A connection in the middle of a query, a pipeline or a
-// COPY is closed (after a cancel request, so the backend stops working for
-// nobody); one idle in a transaction is rolled back.
+// rollback_timeout. Requests the client sent whole (queries, Syncs) are
+// let finish, or canceled after drainBeforeCancel, and their replies
+// dropped; the connection is then rolled back if in a transaction, and
+// reused. Replacing it instead would cost a connect and an authentication
+// (a SCRAM key derivation), and in a reconnect wave, where clients time out
+// with queries pending, that churn starved the logins of CPU
+// (docs/PERFORMANCE.md, "Where the time goes"). A connection in the middle
+// of an extended-protocol batch or a message, or in a COPY from the client,
+// cannot be finished without the client: it is canceled and closed.
 func (s *session) returnServer(sc *ServerConn, pending int, midBatch bool, txStatus byte) {
 	_ = sc.conn.SetDeadline(time.Time{}) // finish's or forceClose's wake-up
 
 	settings := sc.pool.settings.Load()
-	if pending > 0 || midBatch || !sc.scanner.AtBoundary() {
-		// Something may still be running (a query, an Execute sent with
-		// Flush and no Sync): cancel it rather than let it run for nobody.
-		if pending > 0 || midBatch {
-			ctx, cancel := context.WithTimeout(s.pooler.ctx, time.Second)
-			_ = sendCancel(ctx, sc.address, sc.processID, sc.secretKey)
-			cancel()
+	cancelRunning := func() {
+		ctx, cancel := context.WithTimeout(s.pooler.ctx, time.Second)
+		_ = sendCancel(ctx, sc.address, sc.processID, sc.secretKey)
+		cancel()
+	}
+	if midBatch {
+		// An Execute sent with Flush and no Sync, or a COPY from the
+		// client, may still be running: cancel it rather than let it run
+		// for nobody.
+		cancelRunning()
+		sc.pool.Discard(sc)
+		return
+	}
+	if pending > 0 {
+		status, err := sc.drain(pending, time.Now().Add(drainBeforeCancel))
+		if isTimeout(err) {
+			// Still running: cancel it, then read on to its end. The
+			// cancel has reached Postgres when sendCancel returns, so it
+			// cannot land on the next client's query.
+			cancelRunning()
+			status, err = sc.drain(pending, time.Now().Add(settings.rollbackTimeout))
 		}
+		if err != nil {
+			if errors.Is(err, errCopyWithoutClient) {
+				cancelRunning()
+			}
+			s.pooler.log.Info("could not finish a departed client's requests; closing the server connection", s.logFields(zap.Error(err))...)
+			sc.pool.Discard(sc)
+			return
+		}
+		txStatus = status
+	}
+	if !sc.scanner.AtBoundary() {
 		sc.pool.Discard(sc)
 		return
 	}

@@ -370,6 +370,55 @@ func (sc *ServerConn) exec(sql string, timeout time.Duration) error {
 	}
 }
 
+// errCopyWithoutClient: draining met a COPY that only the client that
+// left could feed.
+var errCopyWithoutClient = errors.New("the server is waiting for COPY data from a client that left")
+
+// drain reads and drops the server's replies to requests whose client left,
+// until pending ReadyForQuery messages have arrived or deadline passes, and
+// returns the transaction status of the last one. ParameterStatus messages
+// are noted, as the relay notes them. A COPY from the client cannot be
+// finished without it (errCopyWithoutClient), and anything after the last
+// ReadyForQuery is an error: the caller closes the connection on any error.
+// A read that times out leaves the connection usable for another drain.
+func (sc *ServerConn) drain(pending int, deadline time.Time) (txStatus byte, err error) {
+	_ = sc.conn.SetReadDeadline(deadline)
+	defer sc.conn.SetReadDeadline(time.Time{})
+	for pending > 0 {
+		n, err := sc.conn.Read(sc.buf)
+		if err != nil {
+			return 0, err
+		}
+		for off := 0; off < n; {
+			var msg wire.Message
+			var ok bool
+			off, msg, ok, err = sc.scanner.Next(sc.buf[:n], off)
+			if err != nil {
+				return 0, err
+			}
+			if !ok {
+				break
+			}
+			switch msg.Type {
+			case wire.MsgParameterStatus:
+				sc.noteParameterStatus(msg)
+			case wire.MsgCopyInResponse, wire.MsgCopyBothResponse:
+				return 0, errCopyWithoutClient
+			case wire.MsgReadyForQuery:
+				if len(msg.Body) != 1 {
+					return 0, errors.New("malformed ReadyForQuery")
+				}
+				txStatus = msg.Body[0]
+				pending--
+				if pending == 0 && (off != n || !sc.scanner.AtBoundary()) {
+					return 0, errors.New("unexpected data after the last ReadyForQuery")
+				}
+			}
+		}
+	}
+	return txStatus, nil
+}
+
 // sendCancel asks Postgres to cancel what the backend behind sc is running,
 // on a new connection, as the protocol requires.
 func sendCancel(ctx context.Context, address string, processID uint32, secret []byte) error {
