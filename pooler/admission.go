@@ -57,10 +57,11 @@ const stallConfirmDivisor = 4
 
 // The stall wait follows the slowness of the clients (loginSlots.stallWait).
 // A fixed login_queue_target cannot tell a slow client population from a
-// stalled one: on a busy machine, a load generator short of CPU let all 32
-// logins in progress go 62.5 ms without a step while pgtender's timers ran
-// on time, and the rule refused clients that would have been served (36 at
-// 1 C, 305 at 1.5 C in one run; docs/PERFORMANCE.md). So the wait is at
+// stalled one: with the load generator capped at 12% of a CPU, all 32
+// logins in progress went longer than 62.5 ms without a step while
+// pgtender's timers ran on time, and the fixed rule refused 3,919-6,081
+// clients per 1.5 C run that would have been served (0-55 with this one;
+// docs/PERFORMANCE.md, "Clients short of CPU"). So the wait is at
 // least login_queue_target and at least stallGapFactor times the longest
 // spell, recently, in which every slot was held and no login took a step
 // until one did (a slow spell, not a stall), decaying by half every
@@ -153,12 +154,16 @@ func newLoginSlots(n int) *loginSlots {
 func (s *loginSlots) tryAcquire() bool {
 	select {
 	case s.held <- struct{}{}:
-		s.lastEvent.Store(int64(s.clock()))
+		s.acquired()
 		return true
 	default:
 		return false
 	}
 }
+
+// acquired notes the time a slot was taken: a spell in which every slot is
+// held may begin there (see lastEvent).
+func (s *loginSlots) acquired() { s.lastEvent.Store(int64(s.clock())) }
 
 // release gives back the slot of a login that ended (served, failed or
 // abandoned).
@@ -281,7 +286,7 @@ func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{
 		select {
 		case a.slots.held <- struct{}{}:
 			stop()
-			a.slots.lastEvent.Store(int64(a.slots.clock()))
+			a.slots.acquired()
 			return true
 		case <-expired:
 		case <-done:

@@ -580,17 +580,17 @@ func (s *session) finish() {
 	pending, unsynced, clientMid, copyIn, txStatus := s.pending, s.unsynced, s.clientMid, s.copyIn, s.txStatus
 	s.mu.Unlock()
 	if sc != nil {
-		// A COPY from the client is as unfinishable without it as a
-		// half-sent batch.
+		// A half-sent batch or message, or a COPY from the client, can be
+		// finished only by the client.
 		s.returnServer(sc, pending, unsynced || clientMid || copyIn, txStatus)
 	}
 	s.logDisconnect()
 }
 
 // drainBeforeCancel is how long returnServer waits for the replies to a
-// departed client's requests before it cancels them: most finish sooner
-// (the query of a client that timed out while it waited for a server
-// connection), and a cancel costs Postgres a connection of its own.
+// departed client's requests before it cancels them: a short query (the
+// SELECT 1 of a client that timed out waiting for it) ends sooner, and a
+// cancel costs Postgres a connection of its own.
 const drainBeforeCancel = 50 * time.Millisecond
 
 // returnServer cleans up a server connection whose client left and gives
@@ -604,7 +604,7 @@ const drainBeforeCancel = 50 * time.Millisecond
 // (docs/PERFORMANCE.md, "Where the time goes"). A connection in the middle
 // of an extended-protocol batch or a message, or in a COPY from the client,
 // cannot be finished without the client: it is canceled and closed.
-func (s *session) returnServer(sc *ServerConn, pending int, midBatch bool, txStatus byte) {
+func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, txStatus byte) {
 	_ = sc.conn.SetDeadline(time.Time{}) // finish's or forceClose's wake-up
 
 	settings := sc.pool.settings.Load()
@@ -613,7 +613,7 @@ func (s *session) returnServer(sc *ServerConn, pending int, midBatch bool, txSta
 		_ = sendCancel(ctx, sc.address, sc.processID, sc.secretKey)
 		cancel()
 	}
-	if midBatch {
+	if unfinishable {
 		// An Execute sent with Flush and no Sync, or a COPY from the
 		// client, may still be running: cancel it rather than let it run
 		// for nobody.
@@ -622,13 +622,15 @@ func (s *session) returnServer(sc *ServerConn, pending int, midBatch bool, txSta
 		return
 	}
 	if pending > 0 {
-		status, err := sc.drain(pending, time.Now().Add(drainBeforeCancel))
+		// Errors in those replies do not matter: the client is gone, and
+		// a failed transaction is rolled back below.
+		status, _, err := sc.drain(pending, time.Now().Add(drainBeforeCancel))
 		if isTimeout(err) {
 			// Still running: cancel it, then read on to its end. The
 			// cancel has reached Postgres when sendCancel returns, so it
 			// cannot land on the next client's query.
 			cancelRunning()
-			status, err = sc.drain(pending, time.Now().Add(settings.rollbackTimeout))
+			status, _, err = sc.drain(pending, time.Now().Add(settings.rollbackTimeout))
 		}
 		if err != nil {
 			if errors.Is(err, errCopyWithoutClient) {

@@ -328,23 +328,51 @@ func (sc *ServerConn) exec(sql string, timeout time.Duration) error {
 		return errors.New("server connection is in the middle of a message")
 	}
 	deadline := time.Now().Add(timeout)
-	_ = sc.conn.SetDeadline(deadline)
-	defer sc.conn.SetDeadline(time.Time{})
-	if _, err := sc.conn.Write(wire.AppendQuery(nil, sql)); err != nil {
+	_ = sc.conn.SetWriteDeadline(deadline)
+	_, err := sc.conn.Write(wire.AppendQuery(nil, sql))
+	_ = sc.conn.SetWriteDeadline(time.Time{})
+	if err != nil {
 		return err
 	}
-	failed := false
-	for {
+	status, failed, err := sc.drain(1, deadline)
+	switch {
+	case err != nil:
+		return err
+	case failed:
+		return fmt.Errorf("%q failed on the server", sql)
+	case status != wire.TxIdle:
+		return fmt.Errorf("%q left the connection in a transaction", sql)
+	}
+	return nil
+}
+
+// errCopyWithoutClient: draining met a COPY that only the client could
+// feed.
+var errCopyWithoutClient = errors.New("the server is waiting for COPY data from a client")
+
+// drain reads the server's replies until pending ReadyForQuery messages
+// have arrived or deadline passes, dropping them, and returns the
+// transaction status of the last one and whether any ErrorResponse came.
+// It serves exec and the requests of a departed client (returnServer).
+// ParameterStatus messages are noted, as the relay notes them. A COPY from
+// the client cannot be fed here (errCopyWithoutClient), and anything after
+// the last ReadyForQuery is an error: the caller closes the connection on
+// any error. A read that times out leaves the connection usable for
+// another drain.
+func (sc *ServerConn) drain(pending int, deadline time.Time) (txStatus byte, failed bool, err error) {
+	_ = sc.conn.SetReadDeadline(deadline)
+	defer sc.conn.SetReadDeadline(time.Time{})
+	for pending > 0 {
 		n, err := sc.conn.Read(sc.buf)
 		if err != nil {
-			return err
+			return 0, failed, err
 		}
 		for off := 0; off < n; {
 			var msg wire.Message
 			var ok bool
 			off, msg, ok, err = sc.scanner.Next(sc.buf[:n], off)
 			if err != nil {
-				return err
+				return 0, failed, err
 			}
 			if !ok {
 				break
@@ -354,69 +382,21 @@ func (sc *ServerConn) exec(sql string, timeout time.Duration) error {
 				sc.noteParameterStatus(msg)
 			case wire.MsgErrorResponse:
 				failed = true
-			case wire.MsgReadyForQuery:
-				if failed {
-					return fmt.Errorf("%q failed on the server", sql)
-				}
-				if len(msg.Body) != 1 || msg.Body[0] != wire.TxIdle {
-					return fmt.Errorf("%q left the connection in a transaction", sql)
-				}
-				if off != n || !sc.scanner.AtBoundary() {
-					return errors.New("unexpected data after ReadyForQuery")
-				}
-				return nil
-			}
-		}
-	}
-}
-
-// errCopyWithoutClient: draining met a COPY that only the client that
-// left could feed.
-var errCopyWithoutClient = errors.New("the server is waiting for COPY data from a client that left")
-
-// drain reads and drops the server's replies to requests whose client left,
-// until pending ReadyForQuery messages have arrived or deadline passes, and
-// returns the transaction status of the last one. ParameterStatus messages
-// are noted, as the relay notes them. A COPY from the client cannot be
-// finished without it (errCopyWithoutClient), and anything after the last
-// ReadyForQuery is an error: the caller closes the connection on any error.
-// A read that times out leaves the connection usable for another drain.
-func (sc *ServerConn) drain(pending int, deadline time.Time) (txStatus byte, err error) {
-	_ = sc.conn.SetReadDeadline(deadline)
-	defer sc.conn.SetReadDeadline(time.Time{})
-	for pending > 0 {
-		n, err := sc.conn.Read(sc.buf)
-		if err != nil {
-			return 0, err
-		}
-		for off := 0; off < n; {
-			var msg wire.Message
-			var ok bool
-			off, msg, ok, err = sc.scanner.Next(sc.buf[:n], off)
-			if err != nil {
-				return 0, err
-			}
-			if !ok {
-				break
-			}
-			switch msg.Type {
-			case wire.MsgParameterStatus:
-				sc.noteParameterStatus(msg)
 			case wire.MsgCopyInResponse, wire.MsgCopyBothResponse:
-				return 0, errCopyWithoutClient
+				return 0, failed, errCopyWithoutClient
 			case wire.MsgReadyForQuery:
 				if len(msg.Body) != 1 {
-					return 0, errors.New("malformed ReadyForQuery")
+					return 0, failed, errors.New("malformed ReadyForQuery")
 				}
 				txStatus = msg.Body[0]
 				pending--
 				if pending == 0 && (off != n || !sc.scanner.AtBoundary()) {
-					return 0, errors.New("unexpected data after the last ReadyForQuery")
+					return 0, failed, errors.New("unexpected data after ReadyForQuery")
 				}
 			}
 		}
 	}
-	return txStatus, nil
+	return txStatus, failed, nil
 }
 
 // sendCancel asks Postgres to cancel what the backend behind sc is running,

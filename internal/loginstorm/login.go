@@ -88,7 +88,8 @@ type Outcome struct {
 	// Connect is how long the TCP connect took, of Latency: the time the
 	// server's kernel kept the client waiting (a SYN dropped while its
 	// accept queue was full is retried after 1 s and 3 s) before the
-	// server could see the connection. Zero when it did not connect.
+	// server could see the connection. Set for refusals only (the summary
+	// splits their latency); zero otherwise.
 	Connect time.Duration
 	Reach   Reach
 	// LoggedIn is true when the server sent ReadyForQuery: the server counts
