@@ -70,15 +70,10 @@ type chunkSummary struct {
 	// including its Sync.
 	localEnd   int
 	localSyncs int  // Syncs in that part: each gets ReadyForQuery
-	syncs      int  // Query, FunctionCall and Sync messages after localEnd: each gets a ReadyForQuery
 	needServer bool // something after localEnd only a server can answer
-	batchOpen  bool // extended-protocol messages after the last Sync
-	// copyEnded says the chunk holds a CopyDone or CopyFail, and
-	// copyEndSyncs how many Syncs the client sent between the command that
-	// started the COPY and that message (see copyIn in session).
-	copyEnded    bool
-	copyEndSyncs int
-	types        []byte
+	// types are the types of the messages after localEnd whose headers
+	// the chunk holds, in order: what the link is told (link.clientMessage).
+	types []byte
 }
 
 // scanClientChunk scans a chunk from the client. It returns how many bytes
@@ -87,10 +82,7 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 	summary := &s.chunk
 	summary.localEnd = 0
 	summary.localSyncs = 0
-	summary.syncs = 0
 	summary.needServer = false
-	summary.batchOpen = s.unsynced
-	summary.copyEnded = false
 	summary.types = summary.types[:0]
 	discarding := s.discarding
 	for off := 0; off < len(chunk); {
@@ -119,29 +111,11 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 			continue
 		}
 		switch msg.Type {
-		case wire.MsgQuery, wire.MsgFunctionCall:
-			summary.syncs++
-			summary.needServer = true
-			s.syncsSinceCommand = 0
-		case wire.MsgSync:
-			summary.syncs++
-			summary.batchOpen = false
-			s.syncsSinceCommand++
-		case wire.MsgExecute:
-			summary.batchOpen = true
-			summary.needServer = true
-			s.syncsSinceCommand = 0
-		case wire.MsgParse, wire.MsgBind, wire.MsgDescribe, wire.MsgClose:
-			summary.batchOpen = true
-			summary.needServer = true
-		case wire.MsgCopyDone, wire.MsgCopyFail:
-			summary.copyEnded = true
-			summary.copyEndSyncs = s.syncsSinceCommand
-			s.syncsSinceCommand = 0
-		case wire.MsgFlush, wire.MsgCopyData:
-			// Meaningful only to a linked server; harmless otherwise.
+		case wire.MsgSync, wire.MsgFlush, wire.MsgCopyData, wire.MsgCopyDone, wire.MsgCopyFail:
+			// Meaningful only to a linked server; answered or harmless
+			// otherwise (answerWithoutServer).
 		default:
-			summary.needServer = true // let Postgres judge what it is
+			summary.needServer = true // a request, or let Postgres judge what it is
 		}
 		summary.types = append(summary.types, msg.Type)
 	}
@@ -211,14 +185,14 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 			s.pool.Release(sc)
 			return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
 		}
-		s.link(sc)
+		s.linkServer(sc)
 	}
-	s.pending += summary.syncs
-	if summary.copyEnded && s.copyIn && s.copyIgnoredSyncs < 0 {
-		s.copyIgnoredSyncs = summary.copyEndSyncs
+	// Told before the bytes are written, so that no reply can arrive for
+	// a request the link does not know of.
+	for _, typ := range summary.types {
+		s.link.clientMessage(typ)
 	}
-	s.unsynced = summary.batchOpen
-	s.clientMid = !s.scanner.AtBoundary()
+	s.link.clientMid = !s.scanner.AtBoundary()
 	s.writing = true
 	sc := s.server
 	s.mu.Unlock()
@@ -289,16 +263,11 @@ func (s *session) applyClientValues(sc *ServerConn) error {
 	return nil
 }
 
-// link makes sc the session's server connection and starts the goroutine
-// that relays its output. s.mu must be held.
-func (s *session) link(sc *ServerConn) {
+// linkServer makes sc the session's server connection and starts the
+// goroutine that relays its output. s.mu must be held.
+func (s *session) linkServer(sc *ServerConn) {
 	s.server = sc
-	s.pending = 0
-	s.unsynced = false
-	s.clientMid = false
-	s.txStatus = wire.TxIdle
-	s.copyIn = false
-	s.copyIgnoredSyncs = -1
+	s.link.reset()
 	done := make(chan struct{})
 	s.readerDone = done
 	s.setState(stateLinked)
@@ -364,7 +333,6 @@ func (s *session) answerWithoutServer(failure *clientError) error {
 func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 	defer s.pooler.wg.Done()
 	defer close(done)
-	copyIn := false // the server is in copy-in mode (mirrors s.copyIn, without the lock)
 	for {
 		n, readErr := sc.conn.Read(sc.buf)
 		if n == 0 && readErr != nil {
@@ -376,101 +344,37 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 			if s.releaseWake && isTimeout(readErr) {
 				s.releaseWake = false
 				_ = sc.conn.SetReadDeadline(time.Time{})
-				if s.releasableLocked(sc) {
-					for s.writing {
-						s.cond.Wait()
-					}
-					if !s.closing && s.server == sc && s.releasableLocked(sc) {
-						s.releaseLocked(sc)
-						return
-					}
+				if s.releaseIfAtRestLocked(sc) {
+					return
 				}
 				s.mu.Unlock()
 				continue
 			}
-			s.server = nil
-			s.serverFailed = true
-			s.setState(stateIdle)
 			s.mu.Unlock()
-			sc.pool.Discard(sc)
-			s.serverLost(readErr)
+			s.dropServer(sc, readErr)
 			return
 		}
 		chunk := sc.buf[:n]
-		readies, idleReadies := 0, 0
-		var status byte
-		for off := 0; off < n; {
-			var msg wire.Message
-			var ok bool
-			var err error
-			off, msg, ok, err = sc.scanner.Next(chunk, off)
-			if err != nil {
-				s.mu.Lock()
-				s.server = nil
-				s.serverFailed = true
-				s.mu.Unlock()
-				sc.pool.Discard(sc)
-				s.serverLost(fmt.Errorf("invalid message from server: %w", err))
-				return
-			}
-			if !ok {
-				break
-			}
-			switch msg.Type {
-			case wire.MsgParameterStatus:
-				// The client changed a setting (SET, RESET, the end of a
-				// transaction with SET LOCAL): it is now the client's.
-				if name, value := sc.noteParameterStatus(msg); name != "" {
-					s.mu.Lock()
-					s.clientValues[name] = value
-					s.mu.Unlock()
-				}
-			case wire.MsgReadyForQuery:
-				if len(msg.Body) == 1 {
-					readies++
-					status = msg.Body[0]
-					if status == wire.TxIdle {
-						idleReadies++
-					}
-				}
-			case wire.MsgCopyInResponse:
-				s.mu.Lock()
-				s.copyIn = true
-				s.copyIgnoredSyncs = -1
-				s.mu.Unlock()
-				copyIn = true
-			case wire.MsgCommandComplete, wire.MsgErrorResponse:
-				if copyIn {
-					copyIn = false
-					s.mu.Lock()
-					completed := msg.Type == wire.MsgCommandComplete || copyFailedByClient(msg.Body)
-					if completed && s.copyIgnoredSyncs > 0 {
-						// Postgres ignores Sync during copy-in, so the
-						// Syncs sent inside this COPY get no answer.
-						s.pending = max(s.pending-s.copyIgnoredSyncs, 0)
-					}
-					s.copyIn = false
-					s.copyIgnoredSyncs = -1
-					s.mu.Unlock()
-				}
-			}
+		s.mu.Lock()
+		err := s.takeServerChunkLocked(sc, chunk)
+		readies, idleReadies := s.link.takeReadies()
+		s.mu.Unlock()
+		if err != nil {
+			s.dropServer(sc, err)
+			return
 		}
 		writeErr := s.write(chunk)
 		stats := &sc.pool.stats
 		stats.bytesSent.Add(uint64(n))
-
-		s.mu.Lock()
 		if readies > 0 {
-			s.pending = max(s.pending-readies, 0)
 			// Every ReadyForQuery that says idle ends a transaction: an
 			// explicit block, or a statement run in autocommit.
-			if idleReadies > 0 {
-				s.transactions.Add(int64(idleReadies))
-				stats.transactions.Add(uint64(idleReadies))
-			}
-			s.txStatus = status
+			s.transactions.Add(int64(idleReadies))
+			stats.transactions.Add(uint64(idleReadies))
 			stats.queries.Add(uint64(readies))
 		}
+
+		s.mu.Lock()
 		if writeErr != nil && !s.closing {
 			// The client is gone. Closing its connection wakes serve,
 			// whose finish takes sc over.
@@ -488,24 +392,81 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 			s.endIfIdle()
 			continue
 		}
-		if readies > 0 && s.mode == config.PoolerModeTransaction && s.releasableLocked(sc) {
-			for s.writing {
-				s.cond.Wait()
-			}
-			if !s.closing && s.releasableLocked(sc) {
-				s.releaseLocked(sc)
-				return
-			}
+		if readies > 0 && s.releaseIfAtRestLocked(sc) {
+			return
 		}
 		s.mu.Unlock()
 	}
+}
+
+// takeServerChunkLocked passes each message of a chunk of server output
+// to the link, and notes the parameters the server reports. An error means
+// the server connection is out of step or broken. s.mu must be held.
+func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) error {
+	for off := 0; off < len(chunk); {
+		var msg wire.Message
+		var ok bool
+		var err error
+		off, msg, ok, err = sc.scanner.Next(chunk, off)
+		if err != nil {
+			return fmt.Errorf("invalid message from server: %w", err)
+		}
+		if !ok {
+			return nil
+		}
+		if err := s.link.serverMessage(msg.Type, msg.Body); err != nil {
+			return err
+		}
+		if msg.Type == wire.MsgParameterStatus {
+			// The client changed a setting (SET, RESET, the end of a
+			// transaction with SET LOCAL): it is now the client's.
+			if name, value := sc.noteParameterStatus(msg); name != "" {
+				s.clientValues[name] = value
+			}
+		}
+	}
+	return nil
+}
+
+// dropServer ends the session after its linked server connection failed
+// or went out of step: the connection is closed, and the client is told
+// that what it was doing on it is lost.
+func (s *session) dropServer(sc *ServerConn, err error) {
+	s.mu.Lock()
+	s.server = nil
+	s.serverFailed = true
+	s.setState(stateIdle)
+	s.mu.Unlock()
+	sc.pool.Discard(sc)
+	s.serverLost(err)
+}
+
+// releaseIfAtRestLocked gives sc back to the pool if the link is at the
+// release point of transaction mode, and reports whether it did. It is the
+// one place that decides the release point. It waits for a write of client
+// bytes in progress (which can only be of messages the server does not
+// answer, since the link learns of answered ones before the write begins).
+// s.mu must be held, by the goroutine that reads sc; it is released when
+// sc was released.
+func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
+	if s.mode != config.PoolerModeTransaction || !s.releasableLocked(sc) {
+		return false
+	}
+	for s.writing {
+		s.cond.Wait()
+	}
+	if s.closing || s.server != sc || !s.releasableLocked(sc) {
+		return false
+	}
+	s.releaseLocked(sc)
+	return true
 }
 
 // wakeReaderLocked makes readServer check the release point again when the
 // link has reached it, by giving sc a read deadline in the past (readServer
 // clears it). s.mu must be held and sc must be s.server.
 func (s *session) wakeReaderLocked(sc *ServerConn) {
-	if s.closing || s.mode != config.PoolerModeTransaction || s.cancelsInFlight > 0 || !s.betweenTransactionsLocked() {
+	if s.closing || s.mode != config.PoolerModeTransaction || s.cancelsInFlight > 0 || !s.link.atRest() {
 		return
 	}
 	s.releaseWake = true
@@ -529,21 +490,10 @@ func (s *session) releaseLocked(sc *ServerConn) {
 }
 
 // releasableLocked reports whether sc is at the release point, apart from a
-// write of client bytes that may still be in progress (the caller waits for
-// it: such a write can only be a message that the server does not answer,
-// since anything answered raised pending before the write began). s.mu must
-// be held, by the goroutine that reads sc.
+// write of client bytes that may still be in progress. s.mu must be held,
+// by the goroutine that reads sc.
 func (s *session) releasableLocked(sc *ServerConn) bool {
-	return s.betweenTransactionsLocked() && s.cancelsInFlight == 0 && sc.scanner.AtBoundary()
-}
-
-// betweenTransactionsLocked reports whether the client's side of the link
-// is at rest: everything it sent has been answered, no extended-protocol
-// batch or message is half sent, and it is outside a transaction. It is the
-// part of the release point that does not need the server stream (which
-// only its reader may look at). s.mu must be held.
-func (s *session) betweenTransactionsLocked() bool {
-	return s.pending == 0 && !s.unsynced && !s.clientMid && s.txStatus == wire.TxIdle
+	return s.link.atRest() && s.cancelsInFlight == 0 && sc.scanner.AtBoundary()
 }
 
 // serverLost tells the client its server connection failed and ends the
@@ -577,12 +527,12 @@ func (s *session) finish() {
 	s.mu.Lock()
 	sc = s.server
 	s.server = nil
-	pending, unsynced, clientMid, copyIn, txStatus := s.pending, s.unsynced, s.clientMid, s.copyIn, s.txStatus
+	pending, finishable, txStatus := s.link.readiesOwed(), s.link.finishable(), s.link.txStatus
 	s.mu.Unlock()
 	if sc != nil {
 		// A half-sent batch or message, or a COPY from the client, can be
 		// finished only by the client.
-		s.returnServer(sc, pending, unsynced || clientMid || copyIn, txStatus)
+		s.returnServer(sc, pending, !finishable, txStatus)
 	}
 	s.logDisconnect()
 }
@@ -677,7 +627,7 @@ func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, t
 // idle: its server connection is reset and released by finish.
 func (s *session) endIfIdle() {
 	s.mu.Lock()
-	betweenTransactions := s.mode == config.PoolerModeSession && !s.writing && s.betweenTransactionsLocked()
+	betweenTransactions := s.mode == config.PoolerModeSession && !s.writing && s.link.atRest()
 	if (s.server != nil && !betweenTransactions) || s.ended {
 		s.mu.Unlock()
 		return

@@ -423,7 +423,7 @@ func TestReleaseWhenClientFinishesMessageAfterReadyForQuery(t *testing.T) {
 	waitFor(t, "the first part of the CopyData to be forwarded", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.clientMid
+		return s.link.clientMid
 	})
 	h.fake.openGate("g")
 	if got, want := readUntilReady(t, conn, fe), []string{"RowDescription", "DataRow gate", "CommandComplete SELECT 1", "ReadyForQuery I"}; !slices.Equal(got, want) {
@@ -495,7 +495,7 @@ func TestReleaseWhenReadyForQueryArrivesDuringClientWrite(t *testing.T) {
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return !s.writing && !s.clientMid && s.pending == 0
+		return !s.writing && !s.link.clientMid && s.link.readiesOwed() == 0
 	})
 
 	if pid, err := whoami(b); err != nil || pid != server.pid {

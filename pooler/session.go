@@ -92,31 +92,26 @@ type session struct {
 	loggedIn  atomic.Bool
 
 	// Owned by the serve goroutine.
-	bufRef  *[]byte      // pooled read buffer, returned at close
-	reader  *wire.Reader // login only
-	scanner wire.Scanner // client stream, after login
-	// syncsSinceCommand counts Syncs since the last Query or Execute.
-	syncsSinceCommand int
-	user              string
-	database          string
-	pool              *Pool
-	connectedAt       time.Time
-	localReplies      []byte       // scratch for replies pgtender sends itself
-	chunk             chunkSummary // what the last client chunk held
+	bufRef       *[]byte      // pooled read buffer, returned at close
+	reader       *wire.Reader // login only
+	scanner      wire.Scanner // client stream, after login
+	user         string
+	database     string
+	pool         *Pool
+	connectedAt  time.Time
+	localReplies []byte       // scratch for replies pgtender sends itself
+	chunk        chunkSummary // what the last client chunk held
 
 	wmu sync.Mutex // serialises writes to conn, so messages never interleave
 
 	// mu guards the link between the client and a server connection. The
-	// release point is decided under it: see readServer and maybeRelease.
+	// release point is decided under it: see releaseIfAtRestLocked.
 	mu         sync.Mutex
 	cond       sync.Cond // on mu; signalled when writing turns false
 	server     *ServerConn
 	readerDone chan struct{} // closed when the current readServer returns
-	pending    int           // Sync/Query/FunctionCall sent, ReadyForQuery not yet received
-	unsynced   bool          // extended-protocol messages sent since the last Sync
-	clientMid  bool          // part of a client message has been forwarded, the rest not yet
+	link       link          // protocol state of the link to server (link.go)
 	writing    bool          // serve is writing client bytes to server
-	txStatus   byte          // status of the last ReadyForQuery
 	closing    bool          // the session is ending: readServer hands the server back
 	discarding bool          // after a failed checkout: drop extended messages until Sync
 	// releaseWake says serve set a past read deadline on the server to make
@@ -128,21 +123,8 @@ type session struct {
 	// serverFailed says the linked server connection failed; the session
 	// is ending and must not link another.
 	serverFailed bool
-	// copyIn says the server is in copy-in mode. Postgres ignores Sync
-	// while in copy-in, so an extended-protocol COPY (Execute, Sync, then
-	// CopyData… CopyDone, Sync, as libpq sends it) answers one Sync fewer
-	// than the client sent. copyIgnoredSyncs is how many Syncs the client
-	// sent between the command that started the COPY and its CopyDone or
-	// CopyFail (-1 until known); they are taken off pending when the COPY
-	// completes or is ended by the client's CopyFail. After a COPY that
-	// failed otherwise (a bad row, a cancel) some of them may have been
-	// answered, so nothing is taken off: an overcount only keeps the server
-	// linked (it is cleaned up when the client leaves), it never releases
-	// it early.
-	copyIn           bool
-	copyIgnoredSyncs int
-	ended            bool // ended by shutdown
-	mode             config.PoolerMode
+	ended        bool // ended by shutdown
+	mode         config.PoolerMode
 	// clientValues are the client's tracked parameters (params.go): what
 	// its server connection must carry while linked.
 	clientValues parameterValues
@@ -160,8 +142,8 @@ func newSession(p *Pooler, conn *net.TCPConn) *session {
 		processID:   p.nextProcessID.Add(1),
 		secret:      rand.Uint32(),
 		connectedAt: time.Now(),
-		txStatus:    wire.TxIdle,
 	}
+	s.link.reset()
 	s.cond.L = &s.mu
 	s.scanner.Inspect = func(byte) int { return 0 }
 	return s

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/pgtender/pgtender/config"
-	"github.com/pgtender/pgtender/pooler/wire"
 )
 
 // CheckoutWaitBuckets are the upper bounds, in seconds, of the checkout
@@ -119,7 +118,7 @@ func (p *Pooler) PoolStats() []PoolStats {
 	for _, s := range p.sessionList() {
 		s.mu.Lock()
 		sc := s.server
-		idleInTransaction := sc != nil && s.pending == 0 && !s.unsynced && s.txStatus != wire.TxIdle
+		idleInTransaction := sc != nil && s.link.idleInTransaction()
 		s.mu.Unlock()
 		if sc == nil {
 			continue

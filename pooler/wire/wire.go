@@ -27,21 +27,32 @@ const (
 
 // Backend (server to client) message types.
 const (
-	MsgAuthentication     byte = 'R'
-	MsgBackendKeyData     byte = 'K'
-	MsgCommandComplete    byte = 'C'
-	MsgCopyInResponse     byte = 'G'
-	MsgCopyOutResponse    byte = 'H'
-	MsgCopyBothResponse   byte = 'W'
-	MsgDataRow            byte = 'D'
-	MsgErrorResponse      byte = 'E'
-	MsgNoticeResponse     byte = 'N'
-	MsgNotification       byte = 'A'
-	MsgParameterStatus    byte = 'S'
-	MsgReadyForQuery      byte = 'Z'
-	MsgNegotiateProtocol  byte = 'v'
-	MsgEmptyQueryResponse byte = 'I'
+	MsgAuthentication       byte = 'R'
+	MsgBackendKeyData       byte = 'K'
+	MsgBindComplete         byte = '2'
+	MsgCloseComplete        byte = '3'
+	MsgCommandComplete      byte = 'C'
+	MsgCopyInResponse       byte = 'G'
+	MsgCopyOutResponse      byte = 'H'
+	MsgCopyBothResponse     byte = 'W'
+	MsgDataRow              byte = 'D'
+	MsgEmptyQueryResponse   byte = 'I'
+	MsgErrorResponse        byte = 'E'
+	MsgFunctionCallResponse byte = 'V'
+	MsgNegotiateProtocol    byte = 'v'
+	MsgNoData               byte = 'n'
+	MsgNoticeResponse       byte = 'N'
+	MsgNotification         byte = 'A'
+	MsgParameterDescription byte = 't'
+	MsgParameterStatus      byte = 'S'
+	MsgParseComplete        byte = '1'
+	MsgPortalSuspended      byte = 's'
+	MsgReadyForQuery        byte = 'Z'
+	MsgRowDescription       byte = 'T'
 )
+
+// CopyData ('d') and CopyDone ('c') are the same in both directions
+// (MsgCopyData, MsgCopyDone above).
 
 // Transaction status of a ReadyForQuery message.
 const (

@@ -1,0 +1,423 @@
+package pooler
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/pgtender/pgtender/pooler/wire"
+)
+
+// A link is the protocol state between a client and the server connection
+// linked to it: which replies the server still owes, in order, and whether
+// both streams are at a point where the server connection can go back to
+// the pool. It knows nothing of sockets, locks or pools; the session feeds
+// it the message types it forwards (clientMessage) and receives
+// (serverMessage), and asks it the one question that decides the release
+// point (atRest). Its rules are the protocol's, as the PostgreSQL docs
+// ("Message Flow") and postgres.c's main loop state them, and they are
+// unit-tested without sockets (link_test.go), in the manner of CockroachDB
+// sqlproxyccl's interceptor.
+//
+// Every client message that the server answers becomes an expectation;
+// each server message is matched against the oldest one. An expectation
+// is met by its terminal reply (ParseComplete for Parse, ReadyForQuery for
+// Sync or Query, CommandComplete for Execute…), so more replies than
+// requests are a protocol error, not an early release.
+//
+// A link is not safe for concurrent use: the session guards it with its mu.
+type link struct {
+	// expected[head:] are the replies the server owes, oldest first. The
+	// slice is reused from one link to the next.
+	expected []expectation
+	head     int
+
+	// batchOpen: extended-protocol messages were sent since the last Sync.
+	batchOpen bool
+	// clientMid: part of a client message has been forwarded, the rest
+	// not yet.
+	clientMid bool
+	// txStatus is the status of the last ReadyForQuery.
+	txStatus byte
+	// skipping: an extended-protocol message failed, and the server
+	// ignores everything but Sync until the next Sync (postgres.c,
+	// ignore_till_sync). Messages sent meanwhile get no reply.
+	skipping bool
+	// copyIn: the server is in copy-in mode (CopyInResponse seen, the
+	// COPY not yet ended).
+	copyIn bool
+	// uncertain: a COPY in the extended protocol ended with an error the
+	// client did not cause, at a point from which it cannot be known
+	// which of the Syncs sent inside the COPY the server will answer
+	// (copy-in reads and ignores Syncs; after the error the main loop
+	// answers them). The link stays linked for the client's life and
+	// accepts ReadyForQuery messages it cannot match; the server
+	// connection is closed when the client leaves.
+	uncertain bool
+
+	// copyDataSent: a CopyData was sent since the last CopyDone or
+	// CopyFail (its marker is among the expectations).
+	copyDataSent bool
+
+	// readies and idleReadies count the ReadyForQuery messages met since
+	// the session last took them (takeReadies), for the pool's query and
+	// transaction counters.
+	readies, idleReadies int
+}
+
+// expectKind is what a client message the server answers asks for, and so
+// which server message meets it.
+type expectKind uint8
+
+const (
+	expectParse    expectKind = iota + 1 // met by ParseComplete
+	expectBind                           // BindComplete
+	expectDescribe                       // RowDescription or NoData (after ParameterDescription for a statement)
+	expectExecute                        // CommandComplete, EmptyQueryResponse or PortalSuspended
+	expectClose                          // CloseComplete
+	expectSync                           // ReadyForQuery
+	expectQuery                          // ReadyForQuery (Query or FunctionCall: anything may come before it)
+	// expectCopyData and expectCopyEnd mark where the client sent its
+	// first CopyData and where it ended a COPY (CopyDone or CopyFail)
+	// among the expectations; they get no reply of their own and are
+	// dropped when they reach the front. They tell which Syncs the client
+	// sent inside a COPY (see copyEnded).
+	expectCopyData
+	expectCopyEnd
+)
+
+func (k expectKind) String() string {
+	switch k {
+	case expectParse:
+		return "Parse"
+	case expectBind:
+		return "Bind"
+	case expectDescribe:
+		return "Describe"
+	case expectExecute:
+		return "Execute"
+	case expectClose:
+		return "Close"
+	case expectSync:
+		return "Sync"
+	case expectQuery:
+		return "Query"
+	case expectCopyData:
+		return "CopyData"
+	case expectCopyEnd:
+		return "CopyDone"
+	}
+	return fmt.Sprintf("expectKind(%d)", uint8(k))
+}
+
+// extended reports whether an error in reply to this kind of message makes
+// the server skip to the next Sync (postgres.c sets
+// doing_extended_query_message for Parse, Bind, Describe, Execute and
+// Close; an error in a Query, a FunctionCall or at Sync itself does not).
+func (k expectKind) extended() bool {
+	return k >= expectParse && k <= expectClose
+}
+
+// expectation is one reply the server owes.
+type expectation struct {
+	kind expectKind
+	// optional: a Sync sent inside a COPY that failed at a point from
+	// which it cannot be known whether the server answers it (see
+	// link.uncertain).
+	optional bool
+}
+
+// errUnexpectedServerMessage is a server message that answers nothing the
+// client sent: the stream is out of step, and the server connection cannot
+// be trusted with another client.
+var errUnexpectedServerMessage = errors.New("server sent a reply to no request")
+
+// reset prepares the link for a newly linked server connection, which owes
+// nothing and is idle.
+func (l *link) reset() {
+	clear(l.expected)
+	*l = link{expected: l.expected[:0], txStatus: wire.TxIdle}
+}
+
+// clientMessage records a client message about to be forwarded to the
+// server: what reply it will get, and what it does to the batch.
+func (l *link) clientMessage(typ byte) {
+	if l.skipping && typ != wire.MsgSync {
+		// The server reads and drops it (copy data included).
+		return
+	}
+	switch typ {
+	case wire.MsgParse:
+		l.push(expectParse)
+		l.batchOpen = true
+	case wire.MsgBind:
+		l.push(expectBind)
+		l.batchOpen = true
+	case wire.MsgDescribe:
+		l.push(expectDescribe)
+		l.batchOpen = true
+	case wire.MsgExecute:
+		l.push(expectExecute)
+		l.batchOpen = true
+		l.copyDataSent = false // a COPY it starts is a new one
+	case wire.MsgClose:
+		l.push(expectClose)
+		l.batchOpen = true
+	case wire.MsgSync:
+		l.push(expectSync)
+		l.batchOpen = false
+		l.skipping = false
+	case wire.MsgQuery, wire.MsgFunctionCall:
+		l.push(expectQuery)
+		l.copyDataSent = false
+	case wire.MsgCopyData:
+		if !l.copyDataSent {
+			l.push(expectCopyData)
+			l.copyDataSent = true
+		}
+	case wire.MsgCopyDone, wire.MsgCopyFail:
+		l.push(expectCopyEnd)
+		l.copyDataSent = false
+	}
+	// Flush gets no reply. Anything else is not a frontend
+	// message: Postgres answers it with a FATAL error and closes, which
+	// the relay forwards as it would any server error.
+}
+
+func (l *link) push(kind expectKind) {
+	if l.head > 0 && l.head == len(l.expected) {
+		l.expected = l.expected[:0]
+		l.head = 0
+	}
+	l.expected = append(l.expected, expectation{kind: kind})
+}
+
+// owed returns the oldest expectation with a reply of its own, dropping
+// copy-end markers that reached the front, or nil when nothing is owed.
+func (l *link) owed() *expectation {
+	for l.head < len(l.expected) {
+		if e := &l.expected[l.head]; e.kind != expectCopyData && e.kind != expectCopyEnd {
+			return e
+		}
+		l.pop()
+	}
+	return nil
+}
+
+func (l *link) pop() {
+	l.expected[l.head] = expectation{}
+	l.head++
+	if l.head == len(l.expected) {
+		l.expected = l.expected[:0]
+		l.head = 0
+	}
+}
+
+// serverMessage matches a message from the server against what the
+// client's messages asked for. body holds the first bytes of the message
+// body the relay's scanner inspected (ReadyForQuery's status byte, the
+// start of an ErrorResponse). An error means the server stream is out of
+// step with the client's: the server connection must be discarded.
+func (l *link) serverMessage(typ byte, body []byte) error {
+	switch typ {
+	case wire.MsgNoticeResponse, wire.MsgParameterStatus, wire.MsgNotification:
+		return nil // asynchronous: any time, answering nothing
+	}
+	e := l.owed()
+	for e != nil && e.kind == expectSync && (e.optional || l.uncertain) && typ != wire.MsgReadyForQuery {
+		// That Sync was read inside the COPY, or the ReadyForQuery taken
+		// for an earlier one answered it: this message answers a later
+		// request.
+		l.pop()
+		e = l.owed()
+	}
+	if e != nil && l.copyIn && (typ == wire.MsgCommandComplete || typ == wire.MsgErrorResponse) {
+		l.copyEnded(typ == wire.MsgCommandComplete || copyFailedByClient(body))
+	}
+	if e == nil {
+		switch {
+		case typ == wire.MsgErrorResponse:
+			// A FATAL error before Postgres ends the session (a shutdown,
+			// pg_terminate_backend): forwarded, then the connection ends.
+			return nil
+		case l.uncertain && typ == wire.MsgReadyForQuery:
+			return l.ready(body)
+		}
+		return fmt.Errorf("%w: message type %q", errUnexpectedServerMessage, typ)
+	}
+	if typ == wire.MsgErrorResponse {
+		if e.kind.extended() {
+			// The message failed; the server now skips to Sync.
+			l.pop()
+			l.skipToSync()
+		}
+		return nil // in a Query or at Sync: the ReadyForQuery still comes
+	}
+	switch e.kind {
+	case expectParse:
+		return l.meet(typ, wire.MsgParseComplete)
+	case expectBind:
+		return l.meet(typ, wire.MsgBindComplete)
+	case expectClose:
+		return l.meet(typ, wire.MsgCloseComplete)
+	case expectDescribe:
+		switch typ {
+		case wire.MsgParameterDescription:
+			return nil // a statement's: its RowDescription or NoData follows
+		case wire.MsgRowDescription, wire.MsgNoData:
+			l.pop()
+			return nil
+		}
+	case expectExecute:
+		switch typ {
+		case wire.MsgDataRow, wire.MsgCopyOutResponse, wire.MsgCopyData, wire.MsgCopyDone, wire.MsgCopyBothResponse:
+			return nil
+		case wire.MsgCopyInResponse:
+			l.copyIn = true
+			return nil
+		case wire.MsgCommandComplete, wire.MsgEmptyQueryResponse, wire.MsgPortalSuspended:
+			l.pop()
+			return nil
+		}
+	case expectSync:
+		if typ == wire.MsgReadyForQuery {
+			l.pop()
+			return l.ready(body)
+		}
+	case expectQuery:
+		switch typ {
+		case wire.MsgReadyForQuery:
+			l.pop()
+			return l.ready(body)
+		case wire.MsgCopyInResponse:
+			l.copyIn = true
+		}
+		return nil // rows, results, errors, COPY: all part of the query
+	}
+	return fmt.Errorf("%w: message type %q in reply to %s", errUnexpectedServerMessage, typ, e.kind)
+}
+
+// meet pops the oldest expectation if typ is the reply it wants.
+func (l *link) meet(typ, want byte) error {
+	if typ != want {
+		return fmt.Errorf("%w: message type %q where %q was due", errUnexpectedServerMessage, typ, want)
+	}
+	l.pop()
+	return nil
+}
+
+// ready takes in a ReadyForQuery.
+func (l *link) ready(body []byte) error {
+	if len(body) != 1 {
+		return errors.New("malformed ReadyForQuery from server")
+	}
+	l.txStatus = body[0]
+	l.readies++
+	if l.txStatus == wire.TxIdle {
+		l.idleReadies++
+	}
+	return nil
+}
+
+// skipToSync drops the expectations the server will now skip: everything
+// up to the next Sync. With no Sync sent yet, what the client sends until
+// its Sync is skipped as well (clientMessage).
+func (l *link) skipToSync() {
+	for l.head < len(l.expected) {
+		if l.expected[l.head].kind == expectSync {
+			return
+		}
+		l.pop()
+	}
+	l.skipping = true
+}
+
+// copyEnded takes in the end of a COPY from the client; expected[head] is
+// the Execute or Query that ran it. Copy-in reads and ignores Sync
+// (copyfromparse.c, "for the convenience of client libraries"), so the
+// Syncs the client sent inside the COPY get no reply and are dropped. That
+// is certain when the COPY ran to the client's end (completed, or failed by
+// the client's own CopyFail), and for Syncs sent before any CopyData (as
+// libpq sends Execute, Sync, then the data). After an error at another
+// point (a bad row) the main loop answers the Syncs the copy reader had not
+// read yet; a Sync sent between CopyData messages may be either, and the
+// link is then uncertain.
+func (l *link) copyEnded(byClient bool) {
+	l.copyIn = false
+	data, end := -1, -1 // this COPY's markers
+	for i := l.head + 1; i < len(l.expected) && end < 0; i++ {
+		switch l.expected[i].kind {
+		case expectCopyData:
+			if data < 0 {
+				data = i
+			}
+		case expectCopyEnd:
+			end = i
+		}
+	}
+	inside := end
+	if inside < 0 {
+		inside = len(l.expected) // the client has not ended the COPY yet
+	}
+	kept := l.head + 1
+	for i := l.head + 1; i < len(l.expected); i++ {
+		e := l.expected[i]
+		if i <= inside && i < len(l.expected) {
+			switch {
+			case i == data || i == end:
+				continue
+			case e.kind == expectSync && (byClient || data < 0 || i < data):
+				continue // read and ignored by the copy reader
+			case e.kind == expectSync:
+				e.optional = true
+				l.uncertain = true
+			}
+		}
+		l.expected[kept] = e
+		kept++
+	}
+	clear(l.expected[kept:])
+	l.expected = l.expected[:kept]
+}
+
+// readiesOwed is how many ReadyForQuery messages the server still owes.
+func (l *link) readiesOwed() int {
+	n := 0
+	for i := l.head; i < len(l.expected); i++ {
+		switch l.expected[i].kind {
+		case expectSync, expectQuery:
+			n++
+		}
+	}
+	return n
+}
+
+// takeReadies returns and clears the ReadyForQuery counts.
+func (l *link) takeReadies() (readies, idle int) {
+	readies, idle = l.readies, l.idleReadies
+	l.readies, l.idleReadies = 0, 0
+	return readies, idle
+}
+
+// atRest reports whether the client's side of the link is at rest:
+// everything it sent has been answered, no extended-protocol batch or
+// message is half sent, and it is outside a transaction. With the server
+// stream at a message boundary (which only its reader may look at), that is
+// the release point of transaction mode.
+func (l *link) atRest() bool {
+	return l.owed() == nil && !l.batchOpen && !l.clientMid && !l.uncertain && !l.copyIn &&
+		l.txStatus == wire.TxIdle
+}
+
+// finishable reports whether the server can be brought to rest without
+// the client: whatever is owed comes without more client input. A half-sent
+// batch or message, a COPY from the client, or an uncertain link cannot be
+// finished.
+func (l *link) finishable() bool {
+	return !l.batchOpen && !l.clientMid && !l.copyIn && !l.uncertain
+}
+
+// idleInTransaction reports whether the client holds its server connection
+// in an open transaction with nothing owed (SHOW-style counters).
+func (l *link) idleInTransaction() bool {
+	return l.owed() == nil && !l.batchOpen && l.txStatus != wire.TxIdle
+}
