@@ -103,26 +103,8 @@ func (sc *ServerConn) noteParameterStatus(msg wire.Message) (name, value string)
 // CopyFail answer proves they were all ignored. A translated message
 // (lc_messages) does not match, which errs on the safe side.
 func copyFailedByClient(body []byte) bool {
-	var code, message string
-	for len(body) > 1 && body[0] != 0 {
-		field := body[0]
-		end := 1
-		for end < len(body) && body[end] != 0 {
-			end++
-		}
-		value := string(body[1:end])
-		switch field {
-		case 'C':
-			code = value
-		case 'M':
-			message = value
-		}
-		if end >= len(body) {
-			break
-		}
-		body = body[end+1:]
-	}
-	return code == "57014" && strings.HasPrefix(message, "COPY from stdin failed")
+	code, message := wire.ErrorFields(body)
+	return string(code) == "57014" && strings.HasPrefix(string(message), "COPY from stdin failed")
 }
 
 // openServerConn opens and authenticates a server connection with pgconn

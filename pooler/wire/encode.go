@@ -95,3 +95,44 @@ func AppendCancelRequest(dst []byte, processID uint32, secret []byte) []byte {
 	putUint32(dst[start:], uint32(len(dst)-start))
 	return dst
 }
+
+// The replies the pooler writes itself when it answers a client's extended
+// protocol messages without the server: a Parse of a statement the server
+// connection already has, a Close of one it keeps for the pool. Layouts are
+// in the PostgreSQL documentation, "Message Formats".
+
+// AppendParseComplete appends ParseComplete to dst.
+func AppendParseComplete(dst []byte) []byte {
+	return append(dst, MsgParseComplete, 0, 0, 0, 4)
+}
+
+// AppendBindComplete appends BindComplete to dst.
+func AppendBindComplete(dst []byte) []byte {
+	return append(dst, MsgBindComplete, 0, 0, 0, 4)
+}
+
+// AppendCloseComplete appends CloseComplete to dst.
+func AppendCloseComplete(dst []byte) []byte {
+	return append(dst, MsgCloseComplete, 0, 0, 0, 4)
+}
+
+// AppendNoData appends NoData to dst.
+func AppendNoData(dst []byte) []byte {
+	return append(dst, MsgNoData, 0, 0, 0, 4)
+}
+
+// AppendEmptyQueryResponse appends EmptyQueryResponse to dst.
+func AppendEmptyQueryResponse(dst []byte) []byte {
+	return append(dst, MsgEmptyQueryResponse, 0, 0, 0, 4)
+}
+
+// AppendCommandComplete appends CommandComplete with the command tag (such
+// as "DEALLOCATE" or "SELECT 1") to dst.
+func AppendCommandComplete(dst []byte, tag string) []byte {
+	start := len(dst)
+	dst = append(dst, MsgCommandComplete, 0, 0, 0, 0)
+	dst = append(dst, tag...)
+	dst = append(dst, 0)
+	putUint32(dst[start+1:], uint32(len(dst)-start-1))
+	return dst
+}

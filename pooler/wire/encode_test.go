@@ -224,9 +224,50 @@ func TestAppendAllocs(t *testing.T) {
 		b := AppendParameterStatus(buf[:0], "server_version", "17.2")
 		b = AppendBackendKeyData(b, 1, 2)
 		b = AppendReadyForQuery(b, TxIdle)
-		_ = AppendAuthenticationOk(b)
+		b = AppendAuthenticationOk(b)
+		b = AppendParseComplete(b)
+		b = AppendBindComplete(b)
+		b = AppendCloseComplete(b)
+		b = AppendNoData(b)
+		b = AppendEmptyQueryResponse(b)
+		_ = AppendCommandComplete(b, "DEALLOCATE")
 	})
 	if allocs != 0 {
 		t.Fatalf("Append* into a large enough buffer: %.1f allocs", allocs)
+	}
+}
+
+func TestAppendExtendedReplies(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		append func([]byte) []byte
+		want   pgproto3.BackendMessage
+	}{
+		{"ParseComplete", AppendParseComplete, &pgproto3.ParseComplete{}},
+		{"BindComplete", AppendBindComplete, &pgproto3.BindComplete{}},
+		{"CloseComplete", AppendCloseComplete, &pgproto3.CloseComplete{}},
+		{"NoData", AppendNoData, &pgproto3.NoData{}},
+		{"EmptyQueryResponse", AppendEmptyQueryResponse, &pgproto3.EmptyQueryResponse{}},
+	} {
+		b := appended(t, tc.append([]byte(prefix)))
+		if got := receiveBackend(t, b); reflect.TypeOf(got) != reflect.TypeOf(tc.want) {
+			t.Fatalf("%s decoded as %T", tc.name, got)
+		}
+		if want := encode(t, tc.want); !bytes.Equal(b, want) {
+			t.Fatalf("%s: % x, pgproto3 encodes % x", tc.name, b, want)
+		}
+	}
+}
+
+func TestAppendCommandComplete(t *testing.T) {
+	for _, tag := range []string{"DEALLOCATE", "DEALLOCATE ALL", "SELECT 1", "DISCARD ALL", ""} {
+		b := appended(t, AppendCommandComplete([]byte(prefix), tag))
+		msg, ok := receiveBackend(t, b).(*pgproto3.CommandComplete)
+		if !ok || string(msg.CommandTag) != tag {
+			t.Fatalf("decoded %#v, want CommandComplete %q", msg, tag)
+		}
+		if want := encode(t, &pgproto3.CommandComplete{CommandTag: []byte(tag)}); !bytes.Equal(b, want) {
+			t.Fatalf("% x, pgproto3 encodes % x", b, want)
+		}
 	}
 }
