@@ -1,7 +1,8 @@
 // Package wire holds the Postgres frontend/backend protocol pieces the
-// pooler needs on its hot path: message type names, startup packet parsing,
-// a streaming message scanner that frames without decoding, and encoders
-// for the few messages pgtender writes itself.
+// pooler needs on its hot path: message type names, startup packet parsing
+// (the options parameter's switches included), a streaming message scanner
+// that frames without decoding, and encoders for the few messages pgtender
+// writes itself.
 //
 // Everything here works on byte slices owned by the caller; nothing keeps a
 // reference to a slice after returning unless its doc comment says so.
