@@ -1,9 +1,10 @@
 // Package wire holds the Postgres frontend/backend protocol pieces the
-// pooler needs on its hot path: message type names, startup packet parsing,
-// a streaming message scanner that frames without decoding, encoders for
-// the messages pgtender writes itself, and decoders for the few it must
-// inspect (the extended query protocol messages that name prepared
-// statements, the rows of its own queries, error fields).
+// pooler needs on its hot path: message type names, startup packet parsing
+// (the options parameter's switches included), a streaming message scanner
+// that frames without decoding, encoders for the messages pgtender writes
+// itself, and decoders for the few it must inspect (the extended query
+// protocol messages that name prepared statements, the rows of its own
+// queries, error fields).
 //
 // Everything here works on byte slices owned by the caller; nothing keeps a
 // reference to a slice after returning unless its doc comment says so.
