@@ -86,6 +86,8 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 				func(s *pooler.PoolStats) float64 { return float64(s.ClientsActive) }),
 			gauge("cl_waiting", "Clients waiting for a server connection.",
 				func(s *pooler.PoolStats) float64 { return float64(s.ClientsWaiting) }),
+			gauge("cl_pinned", "Clients whose server connection is pinned to them in transaction mode: their session holds a LISTEN, an advisory lock, a temporary table, a WITH HOLD cursor or a SQL PREPAREd statement.",
+				func(s *pooler.PoolStats) float64 { return float64(s.ClientsPinned) }),
 			gauge("sv_active", "Server connections linked to a client whose statement or transaction is in progress.",
 				func(s *pooler.PoolStats) float64 { return float64(s.ServersActive) }),
 			gauge("sv_idle", "Server connections idle in the pool, ready to be taken.",

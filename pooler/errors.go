@@ -31,7 +31,10 @@ const (
 	sqlstateAdminShutdown        = "57P01"
 	sqlstateCannotConnectNow     = "57P03"
 	sqlstateFeatureNotSupported  = "0A000"
-	sqlstateInternalError        = "XX000"
+	// Postgres's own, for startup settings it refused.
+	sqlstateSyntaxError            = "42601"
+	sqlstateCantChangeRuntimeParam = "55P02"
+	sqlstateInternalError          = "XX000"
 )
 
 // clientError is an error that is shown to the client: its SQLSTATE and

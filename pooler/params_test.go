@@ -6,45 +6,88 @@ import (
 	"github.com/pgtender/pgtender/pooler/wire"
 )
 
-func TestTrackedParameter(t *testing.T) {
+func TestReportedParameter(t *testing.T) {
 	for name, want := range map[string]string{
 		"TimeZone": "TimeZone", "timezone": "TimeZone", "APPLICATION_NAME": "application_name",
 		"DateStyle": "DateStyle", "search_path": "", "user": "", "": "",
 	} {
-		if got := trackedParameter(name); got != want {
-			t.Errorf("trackedParameter(%q) = %q, want %q", name, got, want)
+		if got := reportedParameter(name); got != want {
+			t.Errorf("reportedParameter(%q) = %q, want %q", name, got, want)
 		}
 	}
 }
 
-func TestSetStatements(t *testing.T) {
-	client := parameterValues{"TimeZone": "Asia/Kolkata", "application_name": "it's", "DateStyle": "ISO, MDY"}
-	server := parameterValues{"TimeZone": "Etc/UTC", "application_name": "", "DateStyle": "ISO, MDY", "client_encoding": "UTF8"}
-	want := "SET application_name = 'it''s';SET TimeZone = 'Asia/Kolkata';"
-	if got := setStatements(client, server); got != want {
-		t.Errorf("setStatements = %q, want %q", got, want)
+func settingsOf(pairs ...string) sessionSettings {
+	s := make(sessionSettings)
+	for i := 0; i < len(pairs); i += 2 {
+		s.set(pairs[i], pairs[i+1])
 	}
-	if got := setStatements(client, client.clone()); got != "" {
-		t.Errorf("setStatements of equal values = %q, want none", got)
+	return s
+}
+
+func TestAlignStatements(t *testing.T) {
+	tests := []struct {
+		name       string
+		want, have sessionSettings
+		sql        string
+	}{
+		{"both empty", nil, nil, ""},
+		{"equal", settingsOf("TimeZone", "Asia/Kolkata"), settingsOf("timezone", "Asia/Kolkata"), ""},
+		{"set what differs, quoted",
+			settingsOf("application_name", "it's", "search_path", `"$user", public`),
+			settingsOf("application_name", "other"),
+			`SELECT pg_catalog.set_config('application_name', 'it''s', false), pg_catalog.set_config('search_path', '"$user", public', false);`},
+		{"reset what the client lacks",
+			nil,
+			settingsOf("statement_timeout", "1ms", "app.tenant", "7", "DateStyle", "SQL, DMY"),
+			"RESET app.tenant;RESET datestyle;RESET statement_timeout;"},
+		{"both",
+			settingsOf("work_mem", "77MB"),
+			settingsOf("role", "reader", "work_mem", "4MB"),
+			"RESET role;SELECT pg_catalog.set_config('work_mem', '77MB', false);"},
 	}
-	server["TimeZone"] = unknownValue
-	server["application_name"] = "it's"
-	if got, want := setStatements(client, server), "SET TimeZone = 'Asia/Kolkata';"; got != want {
-		t.Errorf("setStatements with an unknown server value = %q, want %q", got, want)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := alignStatements(tt.want, tt.have); got != tt.sql {
+				t.Errorf("alignStatements = %q\nwant             %q", got, tt.sql)
+			}
+		})
 	}
 }
 
-func TestParseParameterStatus(t *testing.T) {
+func TestQuoteParameterName(t *testing.T) {
+	for name, want := range map[string]string{
+		"statement_timeout": "statement_timeout",
+		"app.tenant":        "app.tenant",
+		"DateStyle":         `"DateStyle"`,
+		`we"ird.x`:          `"we""ird"."x"`,
+		"9lives":            `"9lives"`,
+	} {
+		if got := quoteParameterName(name); got != want {
+			t.Errorf("quoteParameterName(%q) = %q, want %q", name, got, want)
+		}
+	}
+}
+
+func TestSessionSettingsOverlaid(t *testing.T) {
+	startup := settingsOf("application_name", "app", "TimeZone", "UTC")
+	probed := settingsOf("timezone", "Asia/Kolkata", "search_path", "tenant_1")
+	got := probed.overlaid(startup)
+	want := settingsOf("application_name", "app", "TimeZone", "Asia/Kolkata", "search_path", "tenant_1")
+	if !got.equal(want) {
+		t.Errorf("overlaid = %v, want %v", got, want)
+	}
+	if len(startup) != 2 {
+		t.Errorf("overlaid changed its base: %v", startup)
+	}
+}
+
+func TestParameterStatusName(t *testing.T) {
 	msg := wire.AppendParameterStatus(nil, "TimeZone", "Europe/Paris")
-	body := msg[wire.HeaderLen:]
-	name, value, ok := parseParameterStatus(body, len(body))
-	if !ok || name != "TimeZone" || value != "Europe/Paris" {
-		t.Fatalf("parse = %q %q %v", name, value, ok)
+	if got := parameterStatusName(msg[wire.HeaderLen:]); got != "TimeZone" {
+		t.Errorf("name = %q", got)
 	}
-	if _, _, ok := parseParameterStatus(body[:4], len(body)); ok {
-		t.Error("a body cut short by the inspection limit parsed")
-	}
-	if _, _, ok := parseParameterStatus([]byte("TimeZone"), 8); ok {
-		t.Error("a body without terminators parsed")
+	if got := parameterStatusName([]byte("TimeZo")); got != "" {
+		t.Errorf("name of a cut body = %q, want none", got)
 	}
 }

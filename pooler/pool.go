@@ -51,6 +51,10 @@ type Pool struct {
 
 	params atomic.Pointer[[]serverParameter] // ParameterStatus set sent to clients at login
 
+	// validSettings are the startup settings Postgres accepted
+	// (checkStartupSettings).
+	validSettings validSettings
+
 	// endpoint is where and as whom the pool connects (without the
 	// passthrough password); a reload that changes it replaces the pool.
 	endpoint serverEndpoint
@@ -87,6 +91,9 @@ type poolStats struct {
 	bytesReceived    atomic.Uint64
 	bytesSent        atomic.Uint64
 	checkoutWait     durationHistogram
+	// pinnedClients counts clients whose server connection is pinned to
+	// them (sessionPins).
+	pinnedClients atomic.Int64
 }
 
 func newPool(key poolKey, settings poolSettings, connect func(ctx context.Context) (*ServerConn, error)) *Pool {

@@ -1,6 +1,7 @@
 package pooler
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -71,6 +72,10 @@ type chunkSummary struct {
 	localEnd   int
 	localSyncs int  // Syncs in that part: each gets ReadyForQuery
 	needServer bool // something after localEnd only a server can answer
+	// mayChangeSession: a statement in the chunk may change the session's
+	// state (sqlscan), or a message runs one that might without showing
+	// it (a Bind of a statement that did, a FunctionCall).
+	mayChangeSession bool
 	// types are the types of the messages after localEnd whose headers
 	// the chunk holds, in order: what the link is told (link.clientMessage).
 	types []byte
@@ -83,8 +88,13 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 	summary.localEnd = 0
 	summary.localSyncs = 0
 	summary.needServer = false
+	summary.mayChangeSession = false
 	summary.types = summary.types[:0]
 	discarding := s.discarding
+	if s.textLeft > 0 {
+		// The rest of a Query or Parse whose text began in an earlier chunk.
+		s.feedText(chunk[:min(s.textLeft, len(chunk))])
+	}
 	for off := 0; off < len(chunk); {
 		var msg wire.Message
 		var ok bool
@@ -114,6 +124,19 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 		case wire.MsgSync, wire.MsgFlush, wire.MsgCopyData, wire.MsgCopyDone, wire.MsgCopyFail:
 			// Meaningful only to a linked server; answered or harmless
 			// otherwise (answerWithoutServer).
+		case wire.MsgQuery, wire.MsgParse:
+			summary.needServer = true
+			s.beginText(msg)
+			body := msg.Start + wire.HeaderLen
+			s.feedText(chunk[body:min(body+msg.Length, len(chunk))])
+		case wire.MsgBind:
+			summary.needServer = true
+			if s.effectfulStatements || s.effectfulUnnamed {
+				summary.mayChangeSession = true
+			}
+		case wire.MsgFunctionCall:
+			summary.needServer = true
+			summary.mayChangeSession = true // a function by OID: its effects cannot be seen
 		default:
 			summary.needServer = true // a request, or let Postgres judge what it is
 		}
@@ -124,6 +147,63 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 		summary.localEnd = forward
 	}
 	return forward, false, nil
+}
+
+// inspectClientMessage tells the client stream's scanner which message
+// bodies the relay must see: the first byte of a Parse, which says whether
+// it names its statement.
+func inspectClientMessage(typ byte) int {
+	if typ == wire.MsgParse {
+		return 1
+	}
+	return 0
+}
+
+// beginText starts following the text of a Query or Parse message, whose
+// body the chunk begins to hold.
+func (s *session) beginText(msg wire.Message) {
+	s.sql.Reset()
+	s.textMessage = msg.Type
+	s.textLeft = msg.Length
+	// Parse: the statement's name comes first; a named one begins with a
+	// non-NUL byte.
+	s.textSkipName = msg.Type == wire.MsgParse
+	s.textNamed = msg.Type == wire.MsgParse && len(msg.Body) > 0 && msg.Body[0] != 0
+}
+
+// feedText passes the next bytes of the body of the Query or Parse being
+// followed to the SQL scanner and, once the whole body has passed, takes
+// in what the scanner found (sqlscan). The body is never copied: a query of
+// any size costs one pass over its bytes.
+func (s *session) feedText(p []byte) {
+	s.textLeft -= len(p)
+	if s.textSkipName {
+		i := bytes.IndexByte(p, 0)
+		if i < 0 {
+			p = nil
+		} else {
+			s.textSkipName = false
+			p = p[i+1:]
+		}
+	}
+	if len(p) > 0 {
+		_, _ = s.sql.Write(p)
+	}
+	if s.textLeft > 0 {
+		return
+	}
+	effects := s.sql.Effects()
+	if s.textMessage == wire.MsgParse {
+		// Its effects come when it is executed, maybe in a later batch.
+		if s.textNamed {
+			s.effectfulStatements = s.effectfulStatements || effects != 0
+		} else {
+			s.effectfulUnnamed = effects != 0
+		}
+	}
+	if effects != 0 {
+		s.chunk.mayChangeSession = true
+	}
 }
 
 // forwardClientBytes sends a scanned chunk to the linked server connection,
@@ -152,6 +232,11 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 		}
 	}
 	s.mu.Lock()
+	for s.probing {
+		// readServer is asking the server connection what the last
+		// transaction left; it may release it after.
+		s.cond.Wait()
+	}
 	if s.serverFailed {
 		// The session's server connection failed under it; whatever the
 		// client sends now belongs to work that is lost, so it must not run
@@ -173,7 +258,7 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 			s.pooler.log.Info("checkout failed", s.logFields(zap.Error(err))...)
 			return s.answerWithoutServer(s.checkoutError(err))
 		}
-		if err := s.applyClientValues(sc); err != nil {
+		if err := s.alignServer(sc); err != nil {
 			s.pooler.log.Warn("could not set a client's parameters on a server connection", s.logFields(zap.Error(err))...)
 			sc.pool.Discard(sc)
 			return s.answerWithoutServer(&clientError{severity: wire.SeverityError, code: sqlstateConnectionFailure,
@@ -192,6 +277,12 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	for _, typ := range summary.types {
 		s.link.clientMessage(typ)
 	}
+	if summary.mayChangeSession {
+		s.settingsMayHaveChanged = true
+	}
+	// Strings are lexed as the client's session reads them (the value as
+	// of its last probe).
+	s.sql.StandardConformingStringsOff = s.settings["standard_conforming_strings"].value == "off"
 	s.link.clientMid = !s.scanner.AtBoundary()
 	s.writing = true
 	sc := s.server
@@ -236,31 +327,6 @@ func (s *session) acquire() (*ServerConn, error) {
 		sc, err = pool.Acquire(ctx)
 	}
 	return sc, err
-}
-
-// applyClientValues sets the client's tracked parameters on a server
-// connection it is about to be linked to, where they differ: one round trip
-// when they do, none when they agree (the usual case in a fleet).
-func (s *session) applyClientValues(sc *ServerConn) error {
-	s.mu.Lock()
-	statements := setStatements(s.clientValues, sc.values)
-	s.mu.Unlock()
-	if statements == "" {
-		return nil
-	}
-	if err := sc.exec(statements, sc.pool.settings.Load().rollbackTimeout); err != nil {
-		return err
-	}
-	// Postgres reports values in canonical form ("UTF8" for "utf8"): take
-	// them, so the same client does not set them again on the next link.
-	s.mu.Lock()
-	for name := range s.clientValues {
-		if value, ok := sc.values[name]; ok && value != unknownValue {
-			s.clientValues[name] = value
-		}
-	}
-	s.mu.Unlock()
-	return nil
 }
 
 // linkServer makes sc the session's server connection and starts the
@@ -417,12 +483,10 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) error {
 		if err := s.link.serverMessage(msg.Type, msg.Body); err != nil {
 			return err
 		}
-		if msg.Type == wire.MsgParameterStatus {
-			// The client changed a setting (SET, RESET, the end of a
-			// transaction with SET LOCAL): it is now the client's.
-			if name, value := sc.noteParameterStatus(msg); name != "" {
-				s.clientValues[name] = value
-			}
+		if msg.Type == wire.MsgParameterStatus && reportedParameter(parameterStatusName(msg.Body)) != "" {
+			// Something the client ran changed a setting, perhaps inside
+			// a function where its text did not show it.
+			s.settingsMayHaveChanged = true
 		}
 	}
 	return nil
@@ -433,6 +497,7 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) error {
 // that what it was doing on it is lost.
 func (s *session) dropServer(sc *ServerConn, err error) {
 	s.mu.Lock()
+	s.unpinLocked(sc)
 	s.server = nil
 	s.serverFailed = true
 	s.setState(stateIdle)
@@ -442,12 +507,14 @@ func (s *session) dropServer(sc *ServerConn, err error) {
 }
 
 // releaseIfAtRestLocked gives sc back to the pool if the link is at the
-// release point of transaction mode, and reports whether it did. It is the
-// one place that decides the release point. It waits for a write of client
-// bytes in progress (which can only be of messages the server does not
-// answer, since the link learns of answered ones before the write begins).
-// s.mu must be held, by the goroutine that reads sc; it is released when
-// sc was released.
+// release point of transaction mode, probing it first when the client may
+// have changed its session's state, and reports whether readServer must
+// stop: sc went back to the pool, or the probe failed and sc was
+// discarded. It is the one place that decides the release point. It waits
+// for a write of client bytes in progress (which can only be of messages
+// the server does not answer, since the link learns of answered ones
+// before the write begins). s.mu must be held, by the goroutine that reads
+// sc; it is released when the result is true.
 func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 	if s.mode != config.PoolerModeTransaction || !s.releasableLocked(sc) {
 		return false
@@ -457,6 +524,20 @@ func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 	}
 	if s.closing || s.server != sc || !s.releasableLocked(sc) {
 		return false
+	}
+	if s.probeDueLocked() {
+		release, err := s.probeAtRest(sc)
+		if err != nil {
+			// The client's settings are now unknown: its session cannot
+			// go on as if they were kept.
+			s.mu.Unlock()
+			s.dropServer(sc, err)
+			return true
+		}
+		if !release || s.closing || s.server != sc || !s.releasableLocked(sc) {
+			// Pinned, or the client sent more meanwhile.
+			return false
+		}
 	}
 	s.releaseLocked(sc)
 	return true
@@ -528,11 +609,15 @@ func (s *session) finish() {
 	sc = s.server
 	s.server = nil
 	pending, finishable, txStatus := s.link.readiesOwed(), s.link.finishable(), s.link.txStatus
+	probe := s.probeDueLocked()
+	if sc != nil {
+		s.unpinLocked(sc)
+	}
 	s.mu.Unlock()
 	if sc != nil {
 		// A half-sent batch or message, or a COPY from the client, can be
 		// finished only by the client.
-		s.returnServer(sc, pending, !finishable, txStatus)
+		s.returnServer(sc, pending, !finishable, txStatus, probe)
 	}
 	s.logDisconnect()
 }
@@ -554,7 +639,12 @@ const drainBeforeCancel = 50 * time.Millisecond
 // (docs/PERFORMANCE.md, "Where the time goes"). A connection in the middle
 // of an extended-protocol batch or a message, or in a COPY from the client,
 // cannot be finished without the client: it is canceled and closed.
-func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, txStatus byte) {
+//
+// When the client may have changed its session's state (probe), the
+// connection is probed after that: what it found becomes the connection's
+// settings, and a session that holds what only its client could use (a
+// LISTEN, an advisory lock: sessionPins) is closed instead.
+func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, txStatus byte, probe bool) {
 	_ = sc.conn.SetDeadline(time.Time{}) // finish's or forceClose's wake-up
 
 	settings := sc.pool.settings.Load()
@@ -609,6 +699,17 @@ func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, t
 			sc.pool.Discard(sc)
 			return
 		}
+		sc.settings = nil
+	} else if probe {
+		result, _, err := sc.probe(customSettingNames(s.settings, sc.settings), nil)
+		if err != nil || result.pins.any() {
+			if err != nil {
+				s.pooler.log.Info("could not probe a departed client's server connection; closing it", s.logFields(zap.Error(err))...)
+			}
+			sc.pool.Discard(sc)
+			return
+		}
+		sc.settings = result.settings
 	}
 	// A cancel of this client's may still be on its way to the backend;
 	// released now, it could land on the next client's query.

@@ -40,7 +40,10 @@ type ServerConn struct {
 	secretKey []byte            // cancel secret of that backend
 	address   string            // host:port the connection was opened to, for cancel requests
 	params    map[string]string // ParameterStatus set at connect, for client logins
-	values    parameterValues   // current values of the tracked parameters
+	// settings are the session-level settings of this connection's
+	// session (params.go): none when it opens, then what pgtender set on
+	// it or probed. Owned with the connection.
+	settings sessionSettings
 
 	pool      *Pool
 	createdAt time.Time
@@ -72,27 +75,6 @@ func inspectServerMessage(typ byte) int {
 		return inspectParameterStatus
 	}
 	return 0
-}
-
-// noteParameterStatus records a ParameterStatus the server sent, and
-// returns the tracked parameter and value it reported ("" when it is not
-// tracked).
-func (sc *ServerConn) noteParameterStatus(msg wire.Message) (name, value string) {
-	reported, value, ok := parseParameterStatus(msg.Body, msg.Length)
-	if !ok {
-		// Too long to read: whatever it was, the next client sets its own.
-		// (Every tracked value fits; this is a defence, not a path.)
-		for _, tracked := range trackedParameters {
-			sc.values[tracked] = unknownValue
-		}
-		return "", ""
-	}
-	name = trackedParameter(reported)
-	if name == "" {
-		return "", ""
-	}
-	sc.values[name] = value
-	return name, value
 }
 
 // copyFailedByClient reports whether an ErrorResponse body (or its first
@@ -200,12 +182,6 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.Ce
 		createdAt: now,
 		idleSince: now,
 	}
-	sc.values = make(parameterValues, len(trackedParameters))
-	for name, value := range sc.params {
-		if tracked := trackedParameter(name); tracked != "" {
-			sc.values[tracked] = value
-		}
-	}
 	sc.scanner.Inspect = inspectServerMessage
 	return sc, nil
 }
@@ -302,8 +278,8 @@ func peekConn(conn net.Conn) peekResult {
 
 // exec runs one simple-protocol statement that returns no rows the caller
 // needs (ROLLBACK, DISCARD ALL, SET) and waits for its ReadyForQuery, within
-// timeout. The ParameterStatus messages it causes update sc.values and go
-// no further. It fails unless the statement succeeded and the connection ends
+// timeout. The ParameterStatus messages it causes go no further: the
+// caller records the settings it changed. It fails unless the statement succeeded and the connection ends
 // outside any transaction.
 func (sc *ServerConn) exec(sql string, timeout time.Duration) error {
 	if !sc.scanner.AtBoundary() {
@@ -335,8 +311,8 @@ var errCopyWithoutClient = errors.New("the server is waiting for COPY data from 
 // drain reads the server's replies until pending ReadyForQuery messages
 // have arrived or deadline passes, dropping them, and returns the
 // transaction status of the last one and whether any ErrorResponse came.
-// It serves exec and the requests of a departed client (returnServer).
-// ParameterStatus messages are noted, as the relay notes them. A COPY from
+// It serves exec and the requests of a departed client (returnServer). A
+// COPY from
 // the client cannot be fed here (errCopyWithoutClient), and anything after
 // the last ReadyForQuery is an error: the caller closes the connection on
 // any error. A read that times out leaves the connection usable for
@@ -360,8 +336,6 @@ func (sc *ServerConn) drain(pending int, deadline time.Time) (txStatus byte, fai
 				break
 			}
 			switch msg.Type {
-			case wire.MsgParameterStatus:
-				sc.noteParameterStatus(msg)
 			case wire.MsgErrorResponse:
 				failed = true
 			case wire.MsgCopyInResponse, wire.MsgCopyBothResponse:

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgtender/pgtender/auth"
 	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler/sqlscan"
 	"github.com/pgtender/pgtender/pooler/wire"
 )
 
@@ -92,15 +93,28 @@ type session struct {
 	loggedIn  atomic.Bool
 
 	// Owned by the serve goroutine.
-	bufRef       *[]byte      // pooled read buffer, returned at close
-	reader       *wire.Reader // login only
-	scanner      wire.Scanner // client stream, after login
-	user         string
-	database     string
-	pool         *Pool
-	connectedAt  time.Time
-	localReplies []byte       // scratch for replies pgtender sends itself
-	chunk        chunkSummary // what the last client chunk held
+	bufRef  *[]byte      // pooled read buffer, returned at close
+	reader  *wire.Reader // login only
+	scanner wire.Scanner // client stream, after login
+	// The text of the Query or Parse being relayed is followed by sql as
+	// it passes (feedText): textLeft bytes of its body are still to come.
+	sql          sqlscan.Scanner
+	textMessage  byte
+	textLeft     int
+	textSkipName bool // a Parse's statement name is still passing
+	textNamed    bool // the Parse names its statement
+	// effectfulStatements: a named statement the client prepared may
+	// change the session's state when executed (its text did, to
+	// sqlscan); effectfulUnnamed: the unnamed one may. A Bind then marks
+	// the transaction for a probe.
+	effectfulStatements bool
+	effectfulUnnamed    bool
+	user                string
+	database            string
+	pool                *Pool
+	connectedAt         time.Time
+	localReplies        []byte       // scratch for replies pgtender sends itself
+	chunk               chunkSummary // what the last client chunk held
 
 	wmu sync.Mutex // serialises writes to conn, so messages never interleave
 
@@ -125,9 +139,24 @@ type session struct {
 	serverFailed bool
 	ended        bool // ended by shutdown
 	mode         config.PoolerMode
-	// clientValues are the client's tracked parameters (params.go): what
-	// its server connection must carry while linked.
-	clientValues parameterValues
+	// settings are the client's session settings (params.go): what each
+	// server connection it is linked to must carry. Replaced, never
+	// changed in place, so alignServer may read it without the lock held.
+	settings sessionSettings
+	// settingsMayHaveChanged: something the client sent on the linked
+	// server connection may have changed its session's state; the server
+	// connection is probed before it is released (probeAtRest).
+	settingsMayHaveChanged bool
+	// pinned: the server connection's session holds what cannot follow
+	// the client (sessionPins); it stays linked until a probe finds it
+	// released.
+	pinned bool
+	// probing: readServer is probing the server connection; serve does
+	// not write to it meanwhile (it waits on cond).
+	probing bool
+	// startupSettings are the settings of the client's startup packet, as
+	// Postgres spells them; set at login, then read-only.
+	startupSettings sessionSettings
 
 	bytesReceived atomic.Int64
 	bytesSent     atomic.Int64
@@ -145,7 +174,7 @@ func newSession(p *Pooler, conn *net.TCPConn) *session {
 	}
 	s.link.reset()
 	s.cond.L = &s.mu
-	s.scanner.Inspect = func(byte) int { return 0 }
+	s.scanner.Inspect = inspectClientMessage
 	return s
 }
 
@@ -359,6 +388,10 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	if _, ok := state.cfg.Database(database); !ok {
 		return fatalError(sqlstateInvalidCatalogName, fmt.Sprintf("database %q does not exist", database), nil)
 	}
+	requested, refused := startupSettingsOf(&startup)
+	if refused != nil {
+		return refused
+	}
 	timings.Startup = time.Since(start)
 	p.loginSlots.progress()
 
@@ -383,7 +416,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	s.mode = pool.settings.Load().mode
 	s.mu.Unlock()
 	ctx, cancel := s.checkoutContext(deadline)
-	params, err := s.poolParameters(ctx, pool)
+	params, err := s.poolParameters(ctx, pool, requested)
 	cancel()
 	// A cold pool makes the client wait for the first server connection;
 	// a client that gave up meanwhile is an abandoned login, not a
@@ -392,30 +425,21 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 		return errClientLeft
 	}
 	if err != nil {
+		if _, refused := errors.AsType[*serverError](err); refused {
+			return s.startupSettingsError(err)
+		}
 		return s.checkoutError(err)
 	}
-	// The client's tracked parameters: the server's defaults, then what
-	// its startup packet asked for. It is told its own values, as Postgres
-	// would tell it.
-	values := make(parameterValues, len(trackedParameters))
-	for _, param := range params {
-		if tracked := trackedParameter(param.name); tracked != "" {
-			values[tracked] = param.value
-		}
-	}
-	for _, param := range startup.Parameters {
-		if tracked := trackedParameter(param.Name); tracked != "" {
-			values[tracked] = param.Value
-		}
-	}
 	s.mu.Lock()
-	s.clientValues = values
+	s.settings = s.startupSettings
 	s.mu.Unlock()
+	// The client is told its own values of the reported parameters it set,
+	// as Postgres would tell it.
 	reply := wire.AppendAuthenticationOk(s.localReplies[:0])
 	for _, param := range params {
 		value := param.value
-		if tracked := trackedParameter(param.name); tracked != "" {
-			value = values[tracked]
+		if own, ok := s.startupSettings[settingKey(param.name)]; ok && reportedParameter(param.name) != "" {
+			value = own.value
 		}
 		reply = wire.AppendParameterStatus(reply, param.name, value)
 	}
@@ -502,12 +526,19 @@ func (s *session) awaitPassthroughVerification(ctx context.Context, login auth.L
 }
 
 // poolParameters waits for the pool's server parameters (a cold pool's
-// first server connection), marked as a wait on Postgres like
+// first server connection) and checks the settings the client's startup
+// packet asked for (checkStartupSettings), which become its
+// startupSettings; marked as a wait on Postgres like
 // awaitPassthroughVerification.
-func (s *session) poolParameters(ctx context.Context, pool *Pool) ([]serverParameter, error) {
+func (s *session) poolParameters(ctx context.Context, pool *Pool, requested sessionSettings) ([]serverParameter, error) {
 	s.pooler.loginSlots.serverWaitBegin()
 	defer s.pooler.loginSlots.serverWaitEnd()
-	return pool.parameters(ctx)
+	params, err := pool.parameters(ctx)
+	if err != nil || len(requested) == 0 {
+		return params, err
+	}
+	s.startupSettings, err = pool.checkStartupSettings(ctx, requested)
+	return params, err
 }
 
 func (s *session) authExchangeError(err error) error {

@@ -62,6 +62,11 @@ type PoolStats struct {
 
 	ClientsActive  int // cl_active: clients with a server connection linked
 	ClientsWaiting int // cl_waiting: clients waiting for a server connection
+	// ClientsPinned: clients whose server connection is pinned to them in
+	// transaction mode, because their session holds what cannot follow
+	// them (LISTEN, advisory locks, temporary tables, WITH HOLD cursors,
+	// SQL PREPARE).
+	ClientsPinned int
 
 	ServersActive            int // sv_active: linked, the client's statement or transaction in progress
 	ServersIdle              int // sv_idle: in the pool, ready
@@ -104,6 +109,7 @@ func (p *Pooler) PoolStats() []PoolStats {
 			ServerConnections: uint64(pool.stats.serverConnects.Load()),
 			CheckoutTimeouts:  uint64(pool.stats.checkoutTimeouts.Load()),
 			CheckoutWait:      pool.stats.checkoutWait.snapshot(),
+			ClientsPinned:     int(pool.stats.pinnedClients.Load()),
 		}
 		pool.mu.Lock()
 		st.ServersIdle = len(pool.idle)

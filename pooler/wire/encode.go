@@ -136,3 +136,11 @@ func AppendCommandComplete(dst []byte, tag string) []byte {
 	putUint32(dst[start+1:], uint32(len(dst)-start-1))
 	return dst
 }
+
+// AppendMessage appends a message of type typ with the given body to dst:
+// a message read whole (by a Reader) passed on unchanged.
+func AppendMessage(dst []byte, typ byte, body []byte) []byte {
+	dst = append(dst, typ, 0, 0, 0, 0)
+	putUint32(dst[len(dst)-4:], uint32(len(body)+4))
+	return append(dst, body...)
+}

@@ -271,3 +271,11 @@ func TestAppendCommandComplete(t *testing.T) {
 		}
 	}
 }
+
+func TestAppendMessage(t *testing.T) {
+	want := encode(t, &pgproto3.NotificationResponse{PID: 42, Channel: "jobs", Payload: "hello"})
+	b := appended(t, AppendMessage([]byte(prefix), want[0], want[HeaderLen:]))
+	if !bytes.Equal(b, want) {
+		t.Fatalf("% x, want % x", b, want)
+	}
+}

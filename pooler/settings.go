@@ -1,0 +1,277 @@
+package pooler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler/wire"
+)
+
+// How a client's session settings follow it (params.go has the model):
+// the startup packet's are checked with Postgres at login
+// (startupSettings); they, and whatever the client set since, are brought
+// onto each server connection it is linked to (alignServer); and after a
+// transaction that may have changed them, the server connection is probed
+// before it goes back to the pool (probeAtRest).
+
+// Startup parameters that are not settings: the protocol's own, and
+// options, whose -c switches are.
+func isProtocolParameter(name string) bool {
+	switch strings.ToLower(name) {
+	case "user", "database", "options", "replication":
+		return true
+	}
+	return strings.HasPrefix(name, "_pq_.")
+}
+
+// startupSettingsOf collects the settings a startup packet asks for: its
+// run-time parameters and the -c switches of its options, later ones
+// winning as in Postgres (options are applied after the other parameters,
+// postinit.c process_startup_options). An options value Postgres would not
+// parse is refused as Postgres refuses it.
+func startupSettingsOf(startup *wire.Startup) (sessionSettings, *clientError) {
+	var settings sessionSettings
+	var options string
+	for _, param := range startup.Parameters {
+		if strings.EqualFold(param.Name, "options") {
+			options = param.Value
+			continue
+		}
+		if isProtocolParameter(param.Name) {
+			continue
+		}
+		if settings == nil {
+			settings = make(sessionSettings)
+		}
+		settings.set(param.Name, param.Value)
+	}
+	if options != "" {
+		switches, err := wire.ParseStartupOptions(options)
+		if err != nil {
+			return nil, fatalError(sqlstateSyntaxError, err.Error(), err)
+		}
+		for _, sw := range switches {
+			if settings == nil {
+				settings = make(sessionSettings)
+			}
+			settings.set(sw.Name, sw.Value)
+		}
+	}
+	return settings, nil
+}
+
+// validSettings remembers, per pool, the startup settings Postgres accepted
+// and the value it canonicalised each to, so that a fleet whose clients
+// all send the same parameters pays for the check once.
+type validSettings struct {
+	mu     sync.RWMutex
+	values map[setting]string // (name, value as sent) → value as Postgres spells it
+}
+
+// maxValidSettings bounds the memory a stream of distinct values (every
+// client its own application_name) can take; past it, values are checked
+// at every login that sends them.
+const maxValidSettings = 4096
+
+func (v *validSettings) lookup(s setting) (string, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	value, ok := v.values[s]
+	return value, ok
+}
+
+func (v *validSettings) store(s setting, canonical string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.values == nil {
+		v.values = make(map[setting]string)
+	}
+	if len(v.values) < maxValidSettings {
+		v.values[s] = canonical
+	}
+}
+
+// checkStartupSettings asks Postgres whether it accepts the settings a
+// client's startup packet asks for, on a server connection of the pool,
+// with set_config(…, true) in a statement of its own (so nothing stays
+// set), and returns them spelled as Postgres spells them. A setting
+// Postgres refuses is refused at login with Postgres's own SQLSTATE and
+// message, as a direct connection would be, instead of being admitted and
+// then failing the client's every statement. Settings already checked are
+// taken from the pool's cache.
+func (p *Pool) checkStartupSettings(ctx context.Context, settings sessionSettings) (sessionSettings, error) {
+	var unchecked []setting
+	canonical := make(sessionSettings, len(settings))
+	for key, s := range settings {
+		if value, ok := p.validSettings.lookup(s); ok {
+			canonical[key] = setting{name: s.name, value: value}
+			continue
+		}
+		unchecked = append(unchecked, s)
+	}
+	if len(unchecked) == 0 {
+		return canonical, nil
+	}
+	var sql strings.Builder
+	sql.WriteString("SELECT ")
+	for i, s := range unchecked {
+		if i > 0 {
+			sql.WriteString(", ")
+		}
+		sql.WriteString("pg_catalog.set_config(" + quoteLiteral(s.name) + ", " + quoteLiteral(s.value) + ", true)")
+	}
+	sc, err := p.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(p.settings.Load().rollbackTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	var values []string
+	_, err = sc.query(sql.String(), deadline, func(row [][]byte) error {
+		for _, value := range row {
+			values = append(values, string(value))
+		}
+		return nil
+	}, nil)
+	if _, refused := errors.AsType[*serverError](err); err != nil && !refused {
+		p.Discard(sc)
+		return nil, err
+	}
+	p.Release(sc)
+	if err != nil {
+		return nil, err
+	}
+	if len(values) != len(unchecked) {
+		return nil, fmt.Errorf("checking startup settings: %d values for %d settings", len(values), len(unchecked))
+	}
+	for i, s := range unchecked {
+		p.validSettings.store(s, values[i])
+		canonical[settingKey(s.name)] = setting{name: s.name, value: values[i]}
+	}
+	return canonical, nil
+}
+
+// startupSettingsError is what a client sees when checking its startup
+// settings failed: Postgres's refusal as Postgres would have sent it (a
+// FATAL at login), or the failure to check.
+func (s *session) startupSettingsError(err error) *clientError {
+	if refused, ok := errors.AsType[*serverError](err); ok {
+		code := refused.code
+		if code == sqlstateCantChangeRuntimeParam {
+			// A parameter Postgres takes only at connection start: pgtender
+			// cannot give it to a server connection that is already open.
+			code = sqlstateFeatureNotSupported
+		}
+		return &clientError{severity: wire.SeverityFatal, code: code, message: refused.message, err: err, result: LoginRejected}
+	}
+	return s.checkoutError(err)
+}
+
+// alignServer brings a server connection the client is about to be linked
+// to in line with the client's settings, in one round trip when they
+// differ and none when they agree. It is called before the link is made,
+// by the serve goroutine, which owns sc until it links it.
+func (s *session) alignServer(sc *ServerConn) error {
+	s.mu.Lock()
+	want := s.settings
+	s.mu.Unlock()
+	statements := alignStatements(want, sc.settings)
+	if statements == "" {
+		return nil
+	}
+	if err := sc.exec(statements, sc.pool.settings.Load().rollbackTimeout); err != nil {
+		// Part of it may have run: what the connection carries is unknown.
+		return err
+	}
+	sc.settings = want // shared, never changed in place
+	return nil
+}
+
+// probeDueLocked reports whether the link's server connection must be probed
+// before it is released. s.mu must be held.
+func (s *session) probeDueLocked() bool {
+	return s.mode == config.PoolerModeTransaction && (s.settingsMayHaveChanged || s.pinned)
+}
+
+// probeAtRest probes sc, which is at rest, and takes in what it found:
+// the client's settings become what the server says it now has, on top of
+// the startup ones (a RESET or DISCARD ALL goes back to those, as in
+// Postgres); and the server connection is pinned to the client while its
+// session holds what cannot follow the client (sessionPins). It reports
+// whether sc may go back to the pool. The serve goroutine does not write
+// to sc meanwhile (s.probing). s.mu must be held on entry and is held on
+// return; it is released during the probe.
+func (s *session) probeAtRest(sc *ServerConn) (release bool, err error) {
+	s.probing = true
+	s.settingsMayHaveChanged = false
+	customNames := customSettingNames(s.settings, sc.settings)
+	s.mu.Unlock()
+
+	result, leftover, err := sc.probe(customNames, func(notification []byte) { _ = s.write(notification) })
+
+	s.mu.Lock()
+	s.probing = false
+	s.cond.Broadcast()
+	if err != nil {
+		return false, fmt.Errorf("probing the session's state: %w", err)
+	}
+	sc.settings = result.settings
+	s.settings = result.settings.overlaid(s.startupSettings)
+	if result.pins.any() && !s.pinned {
+		s.pinned = true
+		sc.pool.stats.pinnedClients.Add(1)
+		s.pooler.log.Info("server connection pinned to its client", s.logFields(zap.Stringer("holds", result.pins))...)
+	} else if !result.pins.any() {
+		s.unpinLocked(sc)
+	}
+	if leftover > 0 {
+		// Notifications that came after the probe's reply: the client's.
+		if err := s.write(sc.buf[:leftover]); err != nil {
+			return false, err
+		}
+	}
+	return !s.pinned, nil
+}
+
+// probe runs the probe on sc, which is at rest, within rollback_timeout;
+// see query for notify and leftover.
+func (sc *ServerConn) probe(customNames []string, notify func([]byte)) (result probeResult, leftover int, err error) {
+	deadline := time.Now().Add(sc.pool.settings.Load().rollbackTimeout)
+	leftover, err = sc.query(probeQuery(customNames), deadline, result.takeProbeRow, notify)
+	return result, leftover, err
+}
+
+// unpinLocked ends a pin of sc to the client, if any. s.mu must be held.
+func (s *session) unpinLocked(sc *ServerConn) {
+	if s.pinned {
+		s.pinned = false
+		sc.pool.stats.pinnedClients.Add(-1)
+	}
+}
+
+// customSettingNames lists the custom parameters ("app.tenant") the client
+// or the server connection is known to have set, which the probe must ask
+// for by name.
+func customSettingNames(client, server sessionSettings) []string {
+	var names []string
+	for key := range client {
+		if strings.Contains(key, ".") {
+			names = append(names, key)
+		}
+	}
+	for key := range server {
+		if _, ok := client[key]; !ok && strings.Contains(key, ".") {
+			names = append(names, key)
+		}
+	}
+	return names
+}
