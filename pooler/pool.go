@@ -54,6 +54,9 @@ type Pool struct {
 	// validSettings are the startup settings Postgres accepted
 	// (checkStartupSettings).
 	validSettings validSettings
+	// customNames are the custom parameters ("app.tenant") any client of
+	// the pool was seen to set (customSettings).
+	customNames customSettings
 
 	// endpoint is where and as whom the pool connects (without the
 	// passthrough password); a reload that changes it replaces the pool.

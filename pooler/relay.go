@@ -701,7 +701,7 @@ func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, t
 		}
 		sc.settings = nil
 	} else if probe {
-		result, _, err := sc.probe(customSettingNames(s.settings, sc.settings), nil)
+		result, _, err := sc.probe(customSettingNames(sc.pool, s.settings, sc.settings), nil)
 		if err != nil || result.pins.any() {
 			if err != nil {
 				s.pooler.log.Info("could not probe a departed client's server connection; closing it", s.logFields(zap.Error(err))...)

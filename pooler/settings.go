@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -156,6 +158,9 @@ func (p *Pool) checkStartupSettings(ctx context.Context, settings sessionSetting
 	for i, s := range unchecked {
 		p.validSettings.store(s, values[i])
 		canonical[settingKey(s.name)] = setting{name: s.name, value: values[i]}
+		if isCustomSetting(s.name) {
+			p.customNames.learn(s.name) // the client's own are probed anyway when the pool is full
+		}
 	}
 	return canonical, nil
 }
@@ -213,7 +218,7 @@ func (s *session) probeDueLocked() bool {
 func (s *session) probeAtRest(sc *ServerConn) (release bool, err error) {
 	s.probing = true
 	s.settingsMayHaveChanged = false
-	customNames := customSettingNames(s.settings, sc.settings)
+	customNames := customSettingNames(sc.pool, s.settings, sc.settings)
 	s.mu.Unlock()
 
 	result, leftover, err := sc.probe(customNames, func(notification []byte) { _ = s.write(notification) })
@@ -258,19 +263,67 @@ func (s *session) unpinLocked(sc *ServerConn) {
 	}
 }
 
-// customSettingNames lists the custom parameters ("app.tenant") the client
-// or the server connection is known to have set, which the probe must ask
-// for by name.
-func customSettingNames(client, server sessionSettings) []string {
-	var names []string
-	for key := range client {
-		if strings.Contains(key, ".") {
-			names = append(names, key)
-		}
+// customSettings are the custom parameters ("app.tenant": a name with a
+// dot, which pg_settings does not list) seen set by any client of a pool.
+// The probe asks for each by name: a name learnt from one client's SET
+// also covers another client that sets it where pgtender cannot see (in
+// a function), as long as one client showed it. The set only grows, up to
+// maxCustomSettings.
+type customSettings struct {
+	mu    sync.Mutex
+	names atomic.Pointer[[]string] // sorted; replaced, never changed in place
+}
+
+// maxCustomSettings bounds the names a pool probes for. An application
+// uses a handful; past the bound a client that sets a new one is pinned to
+// its server connection (the probe could not follow it).
+const maxCustomSettings = 64
+
+// list returns the names; the slice must not be changed.
+func (c *customSettings) list() []string {
+	if names := c.names.Load(); names != nil {
+		return *names
 	}
-	for key := range server {
-		if _, ok := client[key]; !ok && strings.Contains(key, ".") {
-			names = append(names, key)
+	return nil
+}
+
+// learn adds name (lower-cased) and reports whether the set holds it.
+func (c *customSettings) learn(name string) bool {
+	name = settingKey(name)
+	names := c.list()
+	if _, found := slices.BinarySearch(names, name); found {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	names = c.list()
+	i, found := slices.BinarySearch(names, name)
+	if found {
+		return true
+	}
+	if len(names) >= maxCustomSettings {
+		return false
+	}
+	grown := slices.Insert(slices.Clone(names), i, name)
+	c.names.Store(&grown)
+	return true
+}
+
+// isCustomSetting reports whether a parameter name is a custom one, which
+// pg_settings does not show.
+func isCustomSetting(name string) bool { return strings.Contains(name, ".") }
+
+// customSettingNames lists the custom parameters the probe must ask for by
+// name: those any client of the pool set, and those the client or the
+// server connection carry (a pool that stopped learning still probes its
+// clients' own).
+func customSettingNames(pool *Pool, client, server sessionSettings) []string {
+	names := pool.customNames.list()
+	for _, settings := range []sessionSettings{client, server} {
+		for key := range settings {
+			if isCustomSetting(key) && !slices.Contains(names, key) {
+				names = append(slices.Clip(names), key)
+			}
 		}
 	}
 	return names
