@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -47,6 +49,14 @@ var poolerHas = struct {
 	startupOptions bool
 }{}
 
+// assumePoolerHas turns fields of poolerHas on for one run, to see the
+// pooled halves run (and fail) before a feature lands:
+// go test -run TestDriversPsycopg3 ./integration -args -assume-pooler-has=preparedStatements
+var assumePoolerHas = flag.String("assume-pooler-has", "",
+	"comma-separated poolerHas fields to treat as true: preparedStatements, sessionSettings, startupOptions")
+
+var assumeOnce sync.Once
+
 // poolerFeature names one field of poolerHas.
 type poolerFeature int
 
@@ -57,6 +67,21 @@ const (
 )
 
 func (f poolerFeature) has() bool {
+	assumeOnce.Do(func() {
+		for _, name := range strings.Split(*assumePoolerHas, ",") {
+			switch strings.TrimSpace(name) {
+			case "preparedStatements":
+				poolerHas.preparedStatements = true
+			case "sessionSettings":
+				poolerHas.sessionSettings = true
+			case "startupOptions":
+				poolerHas.startupOptions = true
+			case "":
+			default:
+				panic("-assume-pooler-has: unknown feature " + name)
+			}
+		}
+	})
 	switch f {
 	case preparedStatements:
 		return poolerHas.preparedStatements
@@ -139,6 +164,8 @@ type driverCase struct {
 	driver, mode string
 	// needs are the features the pooled run needs.
 	needs []poolerFeature
+	// poolSize is the pooled run's pool; 0: driversPoolSize.
+	poolSize int
 	// transactions is how many transactions a run must report; 0: any
 	// number above 0 (a timed run).
 	transactions int
@@ -177,7 +204,11 @@ func runDriverBothWays(t *testing.T, dc driverCase) {
 			pooled = &driverRun{skipped: reason}
 			t.Skip(reason)
 		}
-		tp := startDriversPooler(t, driversPoolSize)
+		poolSize := dc.poolSize
+		if poolSize == 0 {
+			poolSize = driversPoolSize
+		}
+		tp := startDriversPooler(t, poolSize)
 		start := time.Now()
 		pooled = dc.run(t, tp.connString(appUser, appPassword, appDB), true)
 		pooled.elapsed = time.Since(start)

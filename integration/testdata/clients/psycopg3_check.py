@@ -12,8 +12,11 @@ every query is prepared at once), or "none" (never prepared).
 Each thread has its own connection (not autocommit, psycopg's default) and
 runs TRANSACTIONS transactions of four statements: a parameterized SELECT,
 an INSERT, a count of its own rows, and a SELECT of a parameter as text,
-then COMMIT; every third transaction is rolled back instead. Failed
-transactions are rolled back and counted by exception class and SQLSTATE.
+then COMMIT; every tenth transaction is rolled back instead, after which
+psycopg forgets what it prepared and sends DEALLOCATE ALL (so at the default
+threshold each query is prepared again on its sixth transaction after a
+rollback). Failed transactions are rolled back and counted by exception
+class and SQLSTATE.
 
 Every line starts with "check:", "observe:", "error:" or is the final summary
 "psycopg3 prepare_threshold=P: T transactions, E errors". Exits 1 if E > 0.
@@ -37,7 +40,7 @@ def expect(what, got, want):
         raise Mismatch("%s: got %r, want %r" % (what, got, want))
 
 
-def worker(dsn, threshold, tid, transactions, failures, lock, first_errors):
+def worker(dsn, threshold, tid, transactions, failures, lock, first_errors, prepared):
     kwargs = {} if threshold == "default" else {"prepare_threshold": None if threshold == "none" else int(threshold)}
     try:
         conn = psycopg.connect(dsn, **kwargs)
@@ -56,7 +59,7 @@ def worker(dsn, threshold, tid, transactions, failures, lock, first_errors):
                 expect("own rows", cur.execute("SELECT count(*) FROM " + TABLE + " WHERE thread = %s", (tid,)).fetchone(),
                        (committed + 1,))
                 expect("text", cur.execute("SELECT %s::text", ("t%d-%d" % (tid, i),)).fetchone(), ("t%d-%d" % (tid, i),))
-                if i % 3 == 2:
+                if i % 10 == 9:
                     conn.rollback()
                 else:
                     conn.commit()
@@ -72,6 +75,10 @@ def worker(dsn, threshold, tid, transactions, failures, lock, first_errors):
                 except psycopg.Error:
                     pass
     finally:
+        # How many named statements psycopg prepared on this connection
+        # (its own counter, _pg3_N; the same both ways).
+        with lock:
+            prepared[conn._prepared._prepared_idx] += 1
         conn.close()
 
 
@@ -88,8 +95,9 @@ def main():
 
     failures = collections.Counter()
     first_errors = []
+    prepared = collections.Counter()
     lock = threading.Lock()
-    pool = [threading.Thread(target=worker, args=(dsn, threshold, tid, per_thread, failures, lock, first_errors))
+    pool = [threading.Thread(target=worker, args=(dsn, threshold, tid, per_thread, failures, lock, first_errors, prepared))
             for tid in range(threads)]
     for t in pool:
         t.start()
@@ -107,7 +115,8 @@ def main():
         rows = setup.execute("SELECT count(*) FROM " + TABLE).fetchone()[0]
         setup.execute("DROP TABLE " + TABLE)
     print("observe: committed_rows=%d" % rows)
-    print("check: %d threads x %d transactions (SELECT, INSERT, count, SELECT; every third rolled back), prepare_threshold=%s"
+    print("observe: named_statements_prepared=%s" % ", ".join("%d connections prepared %d" % (n, k) for k, n in sorted(prepared.items())))
+    print("check: %d threads x %d transactions (SELECT, INSERT, count, SELECT; every tenth rolled back), prepare_threshold=%s"
           % (threads, per_thread, label))
     print("psycopg3 prepare_threshold=%s: %d transactions, %d errors" % (label, total, failed))
     return 1 if failed else 0
