@@ -35,8 +35,10 @@ import (
 // when all three have).
 var poolerHas = struct {
 	// preparedStatements: named prepared statements (protocol-level Parse
-	// with a name, PREPARE/EXECUTE, DEALLOCATE) are renamed to pool-wide
-	// names and re-prepared on any server connection that lacks them.
+	// with a name, PREPARE/EXECUTE, DEALLOCATE [ALL]) are renamed to
+	// pool-wide names and re-prepared on any server connection that lacks
+	// them; and the unnamed statement parsed before a Sync still means
+	// the client's statement when it is bound after it (pgx DescribeExec).
 	preparedStatements bool
 	// sessionSettings: SET, RESET, RESET ALL and set_config(..., false) of
 	// any parameter (search_path, statement_timeout, work_mem…) follow the
@@ -118,14 +120,6 @@ func poolerLacks(features ...poolerFeature) string {
 		return ""
 	}
 	return "pgtender lacks " + strings.Join(missing, " and ") + " (issue 12)"
-}
-
-// skipPooledUnless skips t, a pooled run, when the relay lacks features.
-func skipPooledUnless(t testing.TB, features ...poolerFeature) {
-	t.Helper()
-	if reason := poolerLacks(features...); reason != "" {
-		t.Skip(reason)
-	}
 }
 
 // driversPoolSize is the pool the driver tests' many clients share.
