@@ -49,7 +49,7 @@ var poolerHas = struct {
 	// runtime parameter) are applied, and invalid ones are refused at login
 	// with the SQLSTATE Postgres gives.
 	startupOptions bool
-}{}
+}{sessionSettings: true, startupOptions: true}
 
 // assumePoolerHas turns fields of poolerHas on for one run, to see the
 // pooled halves run (and fail) before a feature lands:

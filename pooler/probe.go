@@ -61,13 +61,36 @@ func (p sessionPins) String() string {
 type probeResult struct {
 	settings sessionSettings
 	pins     sessionPins
+	// The timeouts' values and session-start values (probeTimeouts).
+	timeouts, timeoutDefaults map[string]string
+}
+
+// finish takes the timeouts into the settings: a timeout is the client's
+// when it differs from its session-start value.
+func (r *probeResult) finish() {
+	for name, value := range r.timeouts {
+		if def, ok := r.timeoutDefaults[name]; ok && def != value {
+			if r.settings == nil {
+				r.settings = make(sessionSettings)
+			}
+			r.settings.set(name, value)
+		}
+	}
 }
 
 // Row kinds of the probe query.
 const (
-	probeSetting = "s"
-	probePin     = "p"
+	probeSetting = "s" // a parameter set at session level, and its value
+	probePin     = "p" // a count of something that pins the session
+	probeCurrent = "c" // a timeout's value before the probe overrides it
+	probeDefault = "d" // that timeout's session-start value
 )
+
+// probeTimeouts are the settings that could cancel the probe itself, which
+// it overrides for its own transaction (ownQueryPrefix) after reading them:
+// under the override pg_settings shows the override. One is the client's
+// own when its value differs from the session-start one.
+var probeTimeouts = []string{"statement_timeout", "lock_timeout"}
 
 // probeQuery returns the probe's SQL: rows of (kind, name, value). Custom
 // parameters (names with a dot, "app.tenant") are invisible to pg_settings
@@ -75,9 +98,25 @@ const (
 // custom ones to ask for by name. A custom parameter once set on a backend
 // cannot be removed, only reset to the empty string, which is taken as
 // unset.
+//
+// The timeouts are read first, in a statement of their own that runs under
+// them (it takes microseconds); the rest runs with them off.
 func probeQuery(customNames []string) string {
 	var b strings.Builder
+	for i, name := range probeTimeouts {
+		if i > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		b.WriteString(`SELECT 'c', ` + quoteLiteral(name) + `, pg_catalog.current_setting(` + quoteLiteral(name) + `)`)
+	}
+	b.WriteString("; ")
+	b.WriteString(ownQueryPrefix)
 	b.WriteString(`SELECT 's', name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings WHERE source OPERATOR(pg_catalog.=) 'session'`)
+	b.WriteString(` AND name OPERATOR(pg_catalog.<>) ALL ('{statement_timeout,lock_timeout}'::pg_catalog.text[])`)
+	// set_config(…, true) to the session-start value: its display form,
+	// for this transaction only.
+	b.WriteString(` UNION ALL SELECT 'd', name, pg_catalog.set_config(name, reset_val, true) FROM pg_catalog.pg_settings`)
+	b.WriteString(` WHERE name OPERATOR(pg_catalog.=) ANY ('{statement_timeout,lock_timeout}'::pg_catalog.text[])`)
 	b.WriteString(` UNION ALL SELECT 's', 'role', pg_catalog.current_setting('role') WHERE pg_catalog.current_setting('role') OPERATOR(pg_catalog.<>) 'none'`)
 	if len(customNames) > 0 {
 		b.WriteString(` UNION ALL SELECT 's', n, pg_catalog.current_setting(n, true) FROM (VALUES `)
@@ -110,6 +149,16 @@ func (r *probeResult) takeProbeRow(values [][]byte) error {
 		}
 		r.settings.set(name, value)
 		return nil
+	case probeCurrent, probeDefault:
+		target := &r.timeouts
+		if string(values[0]) == probeDefault {
+			target = &r.timeoutDefaults
+		}
+		if *target == nil {
+			*target = make(map[string]string, len(probeTimeouts))
+		}
+		(*target)[name] = value
+		return nil
 	case probePin:
 		n, err := strconv.Atoi(value)
 		if err != nil {
@@ -131,6 +180,15 @@ func (r *probeResult) takeProbeRow(values [][]byte) error {
 	}
 	return errors.New("probe: unexpected row kind")
 }
+
+// ownQueryPrefix starts every query pgtender runs on a server connection
+// whose session carries a client's settings (the probe, bringing it in
+// line, checking startup settings): the client's statement_timeout or
+// lock_timeout must not cancel pgtender's own work. A simple Query with
+// several statements runs them in one implicit transaction, in which SET
+// LOCAL holds until its end and a session-level set_config or RESET that
+// follows still persists.
+const ownQueryPrefix = "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0; "
 
 // serverError is an ErrorResponse from Postgres to a query pgtender ran
 // itself; its code and message may be shown to the client the query was

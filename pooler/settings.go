@@ -122,7 +122,7 @@ func (p *Pool) checkStartupSettings(ctx context.Context, settings sessionSetting
 		return canonical, nil
 	}
 	var sql strings.Builder
-	sql.WriteString("SELECT ")
+	sql.WriteString(ownQueryPrefix + "SELECT ")
 	for i, s := range unchecked {
 		if i > 0 {
 			sql.WriteString(", ")
@@ -193,7 +193,7 @@ func (s *session) alignServer(sc *ServerConn) error {
 	if statements == "" {
 		return nil
 	}
-	if err := sc.exec(statements, sc.pool.settings.Load().rollbackTimeout); err != nil {
+	if err := sc.exec(ownQueryPrefix+statements, sc.pool.settings.Load().rollbackTimeout); err != nil {
 		// Part of it may have run: what the connection carries is unknown.
 		return err
 	}
@@ -252,6 +252,7 @@ func (s *session) probeAtRest(sc *ServerConn) (release bool, err error) {
 func (sc *ServerConn) probe(customNames []string, notify func([]byte)) (result probeResult, leftover int, err error) {
 	deadline := time.Now().Add(sc.pool.settings.Load().rollbackTimeout)
 	leftover, err = sc.query(probeQuery(customNames), deadline, result.takeProbeRow, notify)
+	result.finish()
 	return result, leftover, err
 }
 
