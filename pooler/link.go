@@ -120,6 +120,10 @@ func (k expectKind) extended() bool {
 // expectation is one reply the server owes.
 type expectation struct {
 	kind expectKind
+	// swallow: the request was pgtender's, injected into the client's
+	// stream (inject); its reply is not forwarded, except an error, which
+	// the client must see since the server now skips its messages to Sync.
+	swallow bool
 	// optional: a Sync sent inside a COPY that failed at a point from
 	// which it cannot be known whether the server answers it (see
 	// link.uncertain).
@@ -191,6 +195,23 @@ func (l *link) push(kind expectKind) {
 	l.expected = append(l.expected, expectation{kind: kind})
 }
 
+// inject records a message of pgtender's own about to be written into the
+// client's stream to the server (before the client message it serves):
+// Close for now. Its reply is swallowed.
+func (l *link) inject(typ byte) {
+	if l.skipping {
+		return // the server drops it, like the client's
+	}
+	switch typ {
+	case wire.MsgClose:
+		l.push(expectClose)
+	default:
+		panic(fmt.Sprintf("link: cannot inject message type %q", typ))
+	}
+	l.expected[len(l.expected)-1].swallow = true
+	l.batchOpen = true
+}
+
 // owed returns the oldest expectation with a reply of its own, dropping
 // copy-end markers that reached the front, or nil when nothing is owed.
 func (l *link) owed() *expectation {
@@ -213,15 +234,25 @@ func (l *link) pop() {
 }
 
 // serverMessage matches a message from the server against what the
-// client's messages asked for. body holds the first bytes of the message
-// body the relay's scanner inspected (ReadyForQuery's status byte, the
-// start of an ErrorResponse). An error means the server stream is out of
-// step with the client's: the server connection must be discarded.
-func (l *link) serverMessage(typ byte, body []byte) error {
+// client's messages asked for, and says whether the relay must swallow it
+// (a reply to pgtender's own request) rather than forward it. body holds
+// the first bytes of the message body the relay's scanner inspected
+// (ReadyForQuery's status byte, the start of an ErrorResponse). An error
+// means the server stream is out of step with the client's: the server
+// connection must be discarded.
+func (l *link) serverMessage(typ byte, body []byte) (swallow bool, err error) {
 	switch typ {
 	case wire.MsgNoticeResponse, wire.MsgParameterStatus, wire.MsgNotification:
-		return nil // asynchronous: any time, answering nothing
+		return false, nil // asynchronous: any time, answering nothing
 	}
+	if e := l.owed(); e != nil && e.swallow && typ != wire.MsgErrorResponse {
+		swallow = true
+	}
+	return swallow, l.match(typ, body)
+}
+
+// match is serverMessage's matching.
+func (l *link) match(typ byte, body []byte) error {
 	e := l.owed()
 	for e != nil && e.kind == expectSync && (e.optional || l.uncertain) && typ != wire.MsgReadyForQuery {
 		// That Sync was read inside the COPY, or the ReadyForQuery taken

@@ -35,7 +35,7 @@ func linkSteps(t *testing.T, l *link, steps []string) (int, error) {
 				case typ == wire.MsgErrorResponse:
 					body = errorBody("42P01", "relation does not exist")
 				}
-				if err := l.serverMessage(typ, body); err != nil {
+				if _, err := l.serverMessage(typ, body); err != nil {
 					return i, err
 				}
 			}
@@ -170,6 +170,53 @@ func TestLinkRules(t *testing.T) {
 	}
 }
 
+// TestLinkSwallowsInjectedReplies: the reply to a message pgtender injected
+// into the client's stream is swallowed, whatever comes around it, and an
+// error in reply to it is forwarded (the client's batch is then skipped).
+func TestLinkSwallowsInjectedReplies(t *testing.T) {
+	tests := []struct {
+		name    string
+		server  []string // server messages, as in linkSteps
+		swallow string   // which of them are swallowed: 's' or '-' each
+	}{
+		{"close injected before the client's bind", []string{"3", "2", "D", "C", "ZI"}, "s----"},
+		{"a notice during it is forwarded", []string{"N", "3", "2", "C", "ZI"}, "-s---"},
+		{"an error in reply to it is forwarded", []string{"E", "ZI"}, "--"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var l link
+			l.reset()
+			l.inject(wire.MsgClose)
+			for _, typ := range []byte("BES") {
+				l.clientMessage(typ)
+			}
+			var got []byte
+			for _, token := range tt.server {
+				var body []byte
+				if token[0] == wire.MsgReadyForQuery {
+					body = []byte{token[1]}
+				}
+				swallow, err := l.serverMessage(token[0], body)
+				if err != nil {
+					t.Fatalf("%s: %v", token, err)
+				}
+				if swallow {
+					got = append(got, 's')
+				} else {
+					got = append(got, '-')
+				}
+			}
+			if string(got) != tt.swallow {
+				t.Errorf("swallowed %s, want %s", got, tt.swallow)
+			}
+			if !l.atRest() {
+				t.Errorf("not at rest at the end")
+			}
+		})
+	}
+}
+
 // TestLinkRefusesRepliesToNothing: a server that answers more than it was
 // asked is out of step. The link says so instead of counting the extra
 // ReadyForQuery as the end of a request still running, which would release
@@ -241,7 +288,7 @@ func TestLinkAllocations(t *testing.T) {
 			l.clientMessage(typ)
 		}
 		for _, m := range server {
-			if err := l.serverMessage(m.typ, m.body); err != nil {
+			if _, err := l.serverMessage(m.typ, m.body); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -260,12 +307,12 @@ func BenchmarkLinkPgbenchExtended(b *testing.B) {
 		for _, typ := range []byte("PBDES") {
 			l.clientMessage(typ)
 		}
-		_ = l.serverMessage('1', nil)
-		_ = l.serverMessage('2', nil)
-		_ = l.serverMessage('T', nil)
-		_ = l.serverMessage('D', nil)
-		_ = l.serverMessage('C', nil)
-		_ = l.serverMessage('Z', []byte{'I'})
+		_, _ = l.serverMessage('1', nil)
+		_, _ = l.serverMessage('2', nil)
+		_, _ = l.serverMessage('T', nil)
+		_, _ = l.serverMessage('D', nil)
+		_, _ = l.serverMessage('C', nil)
+		_, _ = l.serverMessage('Z', []byte{'I'})
 		_ = l.atRest()
 	}
 }

@@ -213,9 +213,10 @@ const maxQueryMessageLen = 1 << 20
 // (notifications, again) are left at the front of sc.buf, and their length
 // returned, for the relay to pass on.
 func (sc *ServerConn) query(sql string, deadline time.Time, row func(values [][]byte) error, notify func(msg []byte)) (leftover int, err error) {
-	if !sc.scanner.AtBoundary() {
+	if !sc.atBoundary() {
 		return 0, errors.New("server connection is in the middle of a message")
 	}
+	sc.unnamedOwner = 0 // a simple Query destroys the unnamed statement
 	_ = sc.conn.SetDeadline(deadline)
 	defer sc.conn.SetDeadline(time.Time{})
 	if _, err := sc.conn.Write(wire.AppendQuery(nil, sql)); err != nil {

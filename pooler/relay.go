@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"go.uber.org/zap"
@@ -47,8 +48,8 @@ func (s *session) relay() error {
 		}
 		if !terminate {
 			// Hold back a partial header; it is scanned again next time.
-			carried = s.scanner.PartialHeaderLen()
-			s.scanner.DropPartialHeader()
+			carried = s.scanner.UnreportedLen()
+			s.scanner.DropUnreported()
 		}
 		if forward > 0 {
 			if err := s.forwardClientBytes(chunk[:forward]); err != nil {
@@ -76,10 +77,29 @@ type chunkSummary struct {
 	// state (sqlscan), or a message runs one that might without showing
 	// it (a Bind of a statement that did, a FunctionCall).
 	mayChangeSession bool
-	// types are the types of the messages after localEnd whose headers
-	// the chunk holds, in order: what the link is told (link.clientMessage).
-	types []byte
+	// messages are the messages after localEnd that the chunk reports, in
+	// order: what the link is told (link.clientMessage).
+	messages []clientMessage
 }
+
+// clientMessage is one message of a client chunk, as scanning found it.
+type clientMessage struct {
+	typ     byte
+	start   int        // offset of its header in the chunk
+	unnamed unnamedUse // what it does with the unnamed statement
+}
+
+// unnamedUse is what a client message does with the unnamed prepared
+// statement, which each server connection has one of: a client's Bind of
+// it must never run another client's (guardUnnamed).
+type unnamedUse uint8
+
+const (
+	unnamedNone      unnamedUse = iota
+	unnamedParsed               // Parse of the unnamed statement: it is now this client's
+	unnamedUsed                 // Bind or Describe of it (or a Bind whose statement name did not fit the inspected bytes)
+	unnamedDestroyed            // a simple Query or a Close of it: there is none after
+)
 
 // scanClientChunk scans a chunk from the client. It returns how many bytes
 // of it to forward and whether the client sent Terminate.
@@ -89,7 +109,7 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 	summary.localSyncs = 0
 	summary.needServer = false
 	summary.mayChangeSession = false
-	summary.types = summary.types[:0]
+	summary.messages = summary.messages[:0]
 	discarding := s.discarding
 	if s.textLeft > 0 {
 		// The rest of a Query or Parse whose text began in an earlier chunk.
@@ -120,6 +140,7 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 			}
 			continue
 		}
+		unnamed := unnamedNone
 		switch msg.Type {
 		case wire.MsgSync, wire.MsgFlush, wire.MsgCopyData, wire.MsgCopyDone, wire.MsgCopyFail:
 			// Meaningful only to a linked server; answered or harmless
@@ -129,10 +150,29 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 			s.beginText(msg)
 			body := msg.Start + wire.HeaderLen
 			s.feedText(chunk[body:min(body+msg.Length, len(chunk))])
+			switch {
+			case msg.Type == wire.MsgQuery:
+				unnamed = unnamedDestroyed
+			case !s.textNamed:
+				unnamed = unnamedParsed
+			}
 		case wire.MsgBind:
 			summary.needServer = true
 			if s.effectfulStatements || s.effectfulUnnamed {
 				summary.mayChangeSession = true
+			}
+			// A statement name that does not fit the inspected bytes is
+			// taken for the unnamed one: guarding it costs nothing wrong.
+			if _, statement, _, err := wire.BindNames(msg.Body); err != nil || len(statement) == 0 {
+				unnamed = unnamedUsed
+			}
+		case wire.MsgDescribe, wire.MsgClose:
+			summary.needServer = true
+			if kind, name, err := wire.DecodeTarget(msg.Body); err == nil && kind == wire.TargetStatement && len(name) == 0 {
+				unnamed = unnamedUsed
+				if msg.Type == wire.MsgClose {
+					unnamed = unnamedDestroyed
+				}
 			}
 		case wire.MsgFunctionCall:
 			summary.needServer = true
@@ -140,9 +180,9 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 		default:
 			summary.needServer = true // a request, or let Postgres judge what it is
 		}
-		summary.types = append(summary.types, msg.Type)
+		summary.messages = append(summary.messages, clientMessage{typ: msg.Type, start: msg.Start, unnamed: unnamed})
 	}
-	forward = len(chunk) - s.scanner.PartialHeaderLen()
+	forward = len(chunk) - s.scanner.UnreportedLen()
 	if discarding {
 		summary.localEnd = forward
 	}
@@ -151,13 +191,24 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 
 // inspectClientMessage tells the client stream's scanner which message
 // bodies the relay must see: the first byte of a Parse, which says whether
-// it names its statement.
+// it names its statement; the names at the start of a Bind; the target of
+// a Describe or Close (whole when it is the unnamed statement).
 func inspectClientMessage(typ byte) int {
-	if typ == wire.MsgParse {
+	switch typ {
+	case wire.MsgParse:
 		return 1
+	case wire.MsgBind:
+		return inspectBindNames
+	case wire.MsgDescribe, wire.MsgClose:
+		return 2
 	}
 	return 0
 }
+
+// inspectBindNames is how much of a Bind the relay looks at: enough for an
+// unnamed portal and the names drivers give statements (pgx's are the
+// longest, "stmtcache_" and 40 hex digits).
+const inspectBindNames = 64
 
 // beginText starts following the text of a Query or Parse message, whose
 // body the chunk begins to hold.
@@ -272,11 +323,10 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 		}
 		s.linkServer(sc)
 	}
+	sc := s.server
 	// Told before the bytes are written, so that no reply can arrive for
 	// a request the link does not know of.
-	for _, typ := range summary.types {
-		s.link.clientMessage(typ)
-	}
+	injectAt := s.guardUnnamedLocked(sc, summary)
 	if summary.mayChangeSession {
 		s.settingsMayHaveChanged = true
 	}
@@ -285,10 +335,14 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	s.sql.StandardConformingStringsOff = s.settings["standard_conforming_strings"].value == "off"
 	s.link.clientMid = !s.scanner.AtBoundary()
 	s.writing = true
-	sc := s.server
 	s.mu.Unlock()
 
-	_, err := sc.conn.Write(chunk)
+	var err error
+	if len(injectAt) == 0 {
+		_, err = sc.conn.Write(chunk)
+	} else {
+		err = writeWithInjections(sc.conn, chunk, injectAt)
+	}
 	sc.pool.stats.bytesReceived.Add(uint64(len(chunk)))
 
 	s.mu.Lock()
@@ -307,6 +361,61 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 		s.pooler.log.Debug("write to server failed", s.logFields(zap.Error(err))...)
 	}
 	return nil
+}
+
+// guardUnnamedLocked tells the link about the chunk's messages, in order,
+// and keeps the unnamed statement the client's own: a server connection's
+// unnamed statement may have been parsed by the client that had it before,
+// and a Bind or Describe of "the unnamed statement" by this client must
+// not run that one (pgx's describe-exec mode parses and binds in two
+// batches, which may land on different server connections). Before such a
+// message, when the connection's unnamed statement is not this client's
+// latest, pgtender closes it (Close of the unnamed statement, its
+// CloseComplete swallowed), so that Postgres answers the Bind as it would
+// have answered a client whose statement is gone: 26000. It returns where
+// in the chunk (from summary.localEnd on) the Closes go. s.mu must be held.
+func (s *session) guardUnnamedLocked(sc *ServerConn, summary *chunkSummary) []int {
+	injectAt := s.injectAt[:0]
+	foreign := sc.unnamedOwner != 0 && (sc.unnamedOwner != s.serial || sc.unnamedGeneration != s.unnamedGeneration)
+	for _, m := range summary.messages {
+		switch m.unnamed {
+		case unnamedParsed:
+			s.unnamedGeneration++
+			sc.unnamedOwner, sc.unnamedGeneration = s.serial, s.unnamedGeneration
+			foreign = false
+		case unnamedDestroyed:
+			s.unnamedGeneration++ // the client's own is gone too
+			sc.unnamedOwner = 0
+			foreign = false
+		case unnamedUsed:
+			if foreign {
+				s.link.inject(wire.MsgClose)
+				injectAt = append(injectAt, m.start-summary.localEnd)
+				sc.unnamedOwner = 0
+				foreign = false
+			}
+		}
+		s.link.clientMessage(m.typ)
+	}
+	s.injectAt = injectAt[:0]
+	return injectAt
+}
+
+// closeUnnamedStatement is the Close pgtender injects (guardUnnamedLocked).
+var closeUnnamedStatement = wire.AppendClose(nil, wire.TargetStatement, nil)
+
+// writeWithInjections writes chunk to conn with closeUnnamedStatement
+// inserted before each offset of at (ascending), in one writev.
+func writeWithInjections(conn net.Conn, chunk []byte, at []int) error {
+	buffers := make(net.Buffers, 0, 2*len(at)+1)
+	prev := 0
+	for _, offset := range at {
+		buffers = append(buffers, chunk[prev:offset], closeUnnamedStatement)
+		prev = offset
+	}
+	buffers = append(buffers, chunk[prev:])
+	_, err := buffers.WriteTo(conn)
+	return err
 }
 
 // acquire checks out a server connection from the session's pool. When a
@@ -353,7 +462,8 @@ func (s *session) answerWithoutServer(failure *clientError) error {
 			reply = wire.AppendErrorResponse(reply, failure.severity, failure.code, failure.message)
 		}
 	}
-	for _, typ := range s.chunk.types {
+	for _, m := range s.chunk.messages {
+		typ := m.typ
 		if s.discarding {
 			if typ == wire.MsgSync {
 				s.discarding = false
@@ -400,7 +510,7 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 	defer s.pooler.wg.Done()
 	defer close(done)
 	for {
-		n, readErr := sc.conn.Read(sc.buf)
+		n, readErr := sc.conn.Read(sc.buf[sc.carried:])
 		if n == 0 && readErr != nil {
 			s.mu.Lock()
 			if s.closing {
@@ -420,18 +530,28 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 			s.dropServer(sc, readErr)
 			return
 		}
-		chunk := sc.buf[:n]
+		total := sc.carried + n
+		sc.carried = 0
 		s.mu.Lock()
-		err := s.takeServerChunkLocked(sc, chunk)
+		forward, err := s.takeServerChunkLocked(sc, sc.buf[:total])
 		readies, idleReadies := s.link.takeReadies()
 		s.mu.Unlock()
 		if err != nil {
 			s.dropServer(sc, err)
 			return
 		}
-		writeErr := s.write(chunk)
+		var writeErr error
+		if forward > 0 {
+			writeErr = s.write(sc.buf[:forward])
+		}
+		if partial := sc.scanner.UnreportedLen(); partial > 0 {
+			// Held back until the header is whole, so that a reply to be
+			// swallowed is never half forwarded; scanned again next time.
+			sc.carried = copy(sc.buf, sc.buf[total-partial:total])
+			sc.scanner.DropUnreported()
+		}
 		stats := &sc.pool.stats
-		stats.bytesSent.Add(uint64(n))
+		stats.bytesSent.Add(uint64(forward))
 		if readies > 0 {
 			// Every ReadyForQuery that says idle ends a transaction: an
 			// explicit block, or a statement run in autocommit.
@@ -466,22 +586,50 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 }
 
 // takeServerChunkLocked passes each message of a chunk of server output
-// to the link, and notes the parameters the server reports. An error means
-// the server connection is out of step or broken. s.mu must be held.
-func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) error {
+// to the link, notes the parameters the server reports, and cuts out of
+// the chunk the replies the link swallows, in place. It returns how many
+// bytes at the front of chunk are to be forwarded: all but the swallowed
+// replies and a partial header at the end (which the caller holds back).
+// An error means the server connection is out of step or broken. s.mu
+// must be held.
+func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) (int, error) {
+	kept, from := 0, 0 // chunk[:kept] is final; chunk[from:] not yet placed
+	cut := func(start, end int) {
+		if start > from {
+			kept += copy(chunk[kept:], chunk[from:start])
+		}
+		from = end
+	}
+	if sc.skip > 0 {
+		// The rest of a swallowed reply that began in an earlier chunk.
+		end := min(sc.skip, len(chunk))
+		sc.skip -= end
+		cut(0, end)
+	}
 	for off := 0; off < len(chunk); {
 		var msg wire.Message
 		var ok bool
 		var err error
 		off, msg, ok, err = sc.scanner.Next(chunk, off)
 		if err != nil {
-			return fmt.Errorf("invalid message from server: %w", err)
+			return 0, fmt.Errorf("invalid message from server: %w", err)
 		}
 		if !ok {
-			return nil
+			break
 		}
-		if err := s.link.serverMessage(msg.Type, msg.Body); err != nil {
-			return err
+		swallow, err := s.link.serverMessage(msg.Type, msg.Body)
+		if err != nil {
+			return 0, err
+		}
+		if swallow {
+			// Swallowed replies are of types the scanner reports at their
+			// header, which the chunk holds whole (see the caller).
+			end := msg.Start + wire.HeaderLen + msg.Length
+			if end > len(chunk) {
+				sc.skip = end - len(chunk)
+				end = len(chunk)
+			}
+			cut(msg.Start, end)
 		}
 		if msg.Type == wire.MsgParameterStatus && reportedParameter(parameterStatusName(msg.Body)) != "" {
 			// Something the client ran changed a setting, perhaps inside
@@ -489,7 +637,14 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) error {
 			s.settingsMayHaveChanged = true
 		}
 	}
-	return nil
+	forwardEnd := len(chunk) - sc.scanner.UnreportedLen()
+	if from == 0 {
+		return forwardEnd, nil // nothing swallowed: the usual case
+	}
+	if forwardEnd > from {
+		kept += copy(chunk[kept:], chunk[from:forwardEnd])
+	}
+	return kept, nil
 }
 
 // dropServer ends the session after its linked server connection failed
@@ -574,7 +729,7 @@ func (s *session) releaseLocked(sc *ServerConn) {
 // write of client bytes that may still be in progress. s.mu must be held,
 // by the goroutine that reads sc.
 func (s *session) releasableLocked(sc *ServerConn) bool {
-	return s.link.atRest() && s.cancelsInFlight == 0 && sc.scanner.AtBoundary()
+	return s.link.atRest() && s.cancelsInFlight == 0 && sc.atBoundary()
 }
 
 // serverLost tells the client its server connection failed and ends the

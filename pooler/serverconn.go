@@ -35,6 +35,16 @@ type ServerConn struct {
 	conn    net.Conn
 	buf     []byte       // read buffer, owned by this connection for its life
 	scanner wire.Scanner // message boundaries of what the server sent
+	// carried is how many bytes at the front of buf are a partial message
+	// header held back by the relay (readServer), not yet scanned again;
+	// skip is how many bytes of a swallowed reply are still to come.
+	carried, skip int
+	// unnamedOwner is the session whose Parse last made this connection's
+	// unnamed statement, and unnamedGeneration that session's count of
+	// unnamed statements at the time (nil: none, or one made by a simple
+	// Query or pgtender's own, which destroy it). See guardUnnamed.
+	unnamedOwner      uint64 // a session's serial; 0: none
+	unnamedGeneration uint64
 
 	processID uint32            // Postgres backend pid, for cancel requests
 	secretKey []byte            // cancel secret of that backend
@@ -211,10 +221,16 @@ func quoteConnValue(value string) string {
 	return string(append(quoted, '\''))
 }
 
+// atBoundary reports whether the server stream is between two messages,
+// with nothing held back.
+func (sc *ServerConn) atBoundary() bool {
+	return sc.carried == 0 && sc.skip == 0 && sc.scanner.AtBoundary()
+}
+
 // close closes the network connection, telling Postgres goodbye first when
 // the connection is at a message boundary.
 func (sc *ServerConn) close() {
-	if sc.scanner.AtBoundary() {
+	if sc.atBoundary() {
 		_ = sc.conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 		_, _ = sc.conn.Write([]byte{wire.MsgTerminate, 0, 0, 0, 4})
 	}
@@ -282,9 +298,10 @@ func peekConn(conn net.Conn) peekResult {
 // caller records the settings it changed. It fails unless the statement succeeded and the connection ends
 // outside any transaction.
 func (sc *ServerConn) exec(sql string, timeout time.Duration) error {
-	if !sc.scanner.AtBoundary() {
+	if !sc.atBoundary() {
 		return errors.New("server connection is in the middle of a message")
 	}
+	sc.unnamedOwner = 0 // a simple Query destroys the unnamed statement
 	deadline := time.Now().Add(timeout)
 	_ = sc.conn.SetWriteDeadline(deadline)
 	_, err := sc.conn.Write(wire.AppendQuery(nil, sql))
@@ -320,9 +337,14 @@ var errCopyWithoutClient = errors.New("the server is waiting for COPY data from 
 func (sc *ServerConn) drain(pending int, deadline time.Time) (txStatus byte, failed bool, err error) {
 	_ = sc.conn.SetReadDeadline(deadline)
 	defer sc.conn.SetReadDeadline(time.Time{})
+	// Bytes the relay held back are scanned first; a swallowed reply's
+	// rest is read like any other, as nothing is forwarded here.
+	sc.skip = 0
 	for pending > 0 {
-		n, err := sc.conn.Read(sc.buf)
-		if err != nil {
+		n, err := sc.conn.Read(sc.buf[sc.carried:])
+		n += sc.carried
+		sc.carried = 0
+		if err != nil && n == 0 {
 			return 0, failed, err
 		}
 		for off := 0; off < n; {

@@ -109,12 +109,18 @@ type session struct {
 	// the transaction for a probe.
 	effectfulStatements bool
 	effectfulUnnamed    bool
-	user                string
-	database            string
-	pool                *Pool
-	connectedAt         time.Time
-	localReplies        []byte       // scratch for replies pgtender sends itself
-	chunk               chunkSummary // what the last client chunk held
+	// serial names the session for as long as the process runs;
+	// unnamedGeneration counts the unnamed statements it made or lost
+	// (guardUnnamedLocked); injectAt is scratch for it.
+	serial            uint64
+	unnamedGeneration uint64
+	injectAt          []int
+	user              string
+	database          string
+	pool              *Pool
+	connectedAt       time.Time
+	localReplies      []byte       // scratch for replies pgtender sends itself
+	chunk             chunkSummary // what the last client chunk held
 
 	wmu sync.Mutex // serialises writes to conn, so messages never interleave
 
@@ -163,6 +169,9 @@ type session struct {
 	transactions  atomic.Int64
 }
 
+// sessionSerials numbers sessions, from 1.
+var sessionSerials atomic.Uint64
+
 func newSession(p *Pooler, conn *net.TCPConn) *session {
 	s := &session{
 		pooler:      p,
@@ -171,6 +180,7 @@ func newSession(p *Pooler, conn *net.TCPConn) *session {
 		processID:   p.nextProcessID.Add(1),
 		secret:      rand.Uint32(),
 		connectedAt: time.Now(),
+		serial:      sessionSerials.Add(1),
 	}
 	s.link.reset()
 	s.cond.L = &s.mu

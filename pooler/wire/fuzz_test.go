@@ -229,8 +229,8 @@ func FuzzScanner(f *testing.F) {
 		if err != nil {
 			return
 		}
-		carried := s.PartialHeaderLen()
-		s.DropPartialHeader()
+		carried := s.UnreportedLen()
+		s.DropUnreported()
 		second := data[cut-carried:]
 		base := cut - carried
 		for off := 0; off < len(second); {

@@ -120,13 +120,26 @@ func (s *Scanner) AtBoundary() bool {
 	return s.hdrLen == 0 && s.remaining == 0 && s.inspectLeft == 0
 }
 
-// PartialHeaderLen is the number of bytes of a message header seen at the
-// end of the last chunk, before the header was complete.
-func (s *Scanner) PartialHeaderLen() int { return s.hdrLen }
+// UnreportedLen is the number of bytes at the end of the last chunk that
+// belong to a message the Scanner has seen begin but not reported yet: a
+// partial header, or a whole header and the part of the body Inspect asked
+// for. A relay that holds them back until the next chunk never forwards
+// part of a message before it has decided what to do with the message.
+func (s *Scanner) UnreportedLen() int {
+	if s.inspectLeft > 0 {
+		return HeaderLen + s.bodyLen
+	}
+	return s.hdrLen
+}
 
-// DropPartialHeader forgets a partial header, for a caller that keeps those
-// bytes and scans them again at the front of its next chunk.
-func (s *Scanner) DropPartialHeader() { s.hdrLen = 0 }
+// DropUnreported forgets the unreported message, for a caller that keeps
+// those bytes and scans them again at the front of its next chunk.
+func (s *Scanner) DropUnreported() {
+	if s.inspectLeft > 0 {
+		s.remaining, s.inspectLeft, s.bodyLen = 0, 0, 0
+	}
+	s.hdrLen = 0
+}
 
 // Reset puts the scanner back at a message boundary.
 func (s *Scanner) Reset() {

@@ -264,22 +264,27 @@ func relayScan(t testing.TB, stream []byte, reads []int, inspect func(byte) int,
 			}
 			got = append(got, seen{typ: msg.Type, length: msg.Length, start: base + msg.Start, reported: base + off, body: string(msg.Body)})
 		}
-		partial := s.PartialHeaderLen()
-		if partial < 0 || partial >= HeaderLen {
-			t.Fatalf("reads %v: PartialHeaderLen() = %d", reads, partial)
+		partial := s.UnreportedLen()
+		if partial < 0 || partial >= HeaderLen+maxInspectLen {
+			t.Fatalf("reads %v: UnreportedLen() = %d", reads, partial)
 		}
 		forward := len(chunk) - partial
 		forwarded = append(forwarded, chunk[:forward]...)
-		// A forwarded chunk never ends inside a header.
+		// A forwarded chunk never ends inside a header, nor inside the part
+		// of a body that Inspect asked for before the message is reported.
 		for _, m := range ref {
-			if e := base + forward; e > m.start && e < m.start+HeaderLen {
-				t.Fatalf("reads %v: forwarded up to %d, inside the header of %q at %d", reads, e, m.typ, m.start)
+			unreported := HeaderLen
+			if inspect != nil {
+				unreported += max(0, min(inspect(m.typ), m.length, maxInspectLen))
+			}
+			if e := base + forward; e > m.start && e < m.start+unreported {
+				t.Fatalf("reads %v: forwarded up to %d, inside the first %d bytes of %q at %d", reads, e, unreported, m.typ, m.start)
 			}
 		}
 		carried = append([]byte(nil), chunk[forward:]...)
-		s.DropPartialHeader()
-		if s.PartialHeaderLen() != 0 {
-			t.Fatalf("PartialHeaderLen() = %d after DropPartialHeader", s.PartialHeaderLen())
+		s.DropUnreported()
+		if s.UnreportedLen() != 0 {
+			t.Fatalf("UnreportedLen() = %d after DropUnreported", s.UnreportedLen())
 		}
 	}
 	if len(carried) != 0 || !bytes.Equal(forwarded, stream) {
@@ -424,15 +429,16 @@ func TestScannerStartOffsets(t *testing.T) {
 	if off, _, ok, err = s.Next(chunk1, off); ok || err != nil || off != len(chunk1) {
 		t.Fatalf("rest of chunk 1: %d, %v, %v", off, ok, err)
 	}
-	if s.PartialHeaderLen() != 2 || s.AtBoundary() {
-		t.Fatalf("after chunk 1: PartialHeaderLen %d, AtBoundary %v", s.PartialHeaderLen(), s.AtBoundary())
+	if s.UnreportedLen() != 2 || s.AtBoundary() {
+		t.Fatalf("after chunk 1: UnreportedLen %d, AtBoundary %v", s.UnreportedLen(), s.AtBoundary())
 	}
-	if off, _, ok, err = s.Next(chunk2, 0); ok || err != nil || off != 2 || s.PartialHeaderLen() != 4 {
-		t.Fatalf("chunk 2: %d, %v, %v, partial %d", off, ok, err, s.PartialHeaderLen())
+	if off, _, ok, err = s.Next(chunk2, 0); ok || err != nil || off != 2 || s.UnreportedLen() != 4 {
+		t.Fatalf("chunk 2: %d, %v, %v, partial %d", off, ok, err, s.UnreportedLen())
 	}
-	// The header completes in chunk 3 but the status byte is in chunk 4.
-	if off, _, ok, err = s.Next(chunk3, 0); ok || err != nil || off != 1 || s.PartialHeaderLen() != 0 || s.AtBoundary() {
-		t.Fatalf("chunk 3: %d, %v, %v, partial %d", off, ok, err, s.PartialHeaderLen())
+	// The header completes in chunk 3 but the status byte is in chunk 4:
+	// the whole header is still unreported.
+	if off, _, ok, err = s.Next(chunk3, 0); ok || err != nil || off != 1 || s.UnreportedLen() != HeaderLen || s.AtBoundary() {
+		t.Fatalf("chunk 3: %d, %v, %v, partial %d", off, ok, err, s.UnreportedLen())
 	}
 	off, msg, ok, err = s.Next(chunk4, 0)
 	if err != nil || !ok || off != 1 || msg.Type != MsgReadyForQuery || msg.Length != 1 || string(msg.Body) != "T" {
@@ -501,8 +507,8 @@ func TestScannerReset(t *testing.T) {
 		t.Fatal("at a boundary in the middle of a message")
 	}
 	s.Reset()
-	if !s.AtBoundary() || s.PartialHeaderLen() != 0 || s.Inspect == nil {
-		t.Fatalf("after Reset: AtBoundary %v, PartialHeaderLen %d, Inspect kept %v", s.AtBoundary(), s.PartialHeaderLen(), s.Inspect != nil)
+	if !s.AtBoundary() || s.UnreportedLen() != 0 || s.Inspect == nil {
+		t.Fatalf("after Reset: AtBoundary %v, UnreportedLen %d, Inspect kept %v", s.AtBoundary(), s.UnreportedLen(), s.Inspect != nil)
 	}
 	ref := frame(t, stream)
 	equalSeen(t, "after Reset", scanChunks2(t, &s, stream), expected(stream, ref, inspectReadyForQuery))
