@@ -5,7 +5,7 @@ GO ?= go
 # A fresh shell may not have Go on PATH yet; the official tarball installs here.
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: build run test test-short test-auth-full bench bench-wave fmt clean
+.PHONY: build run test test-short test-auth-full bench bench-wave bench-pgbench fmt clean
 
 build:
 	$(GO) build -o bin/pgtender ./cmd/pgtender
@@ -36,6 +36,12 @@ bench:
 # Reconnect waves under a cgroup CPU quota, pgtender vs PgBouncer (root; not part of make test).
 bench-wave:
 	deploy/bench/bench-wave.sh
+
+# pgbench -S through direct Postgres, PgBouncer and pgtender build(s) in the
+# same run (root; not part of make test). Compare builds with
+# PGTENDER_BINS="base=/tmp/pgtender-base new=bin/pgtender".
+bench-pgbench:
+	deploy/bench/bench-pgbench.sh
 
 fmt:
 	$(GO) fmt ./...
