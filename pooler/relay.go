@@ -348,7 +348,7 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	s.mu.Lock()
 	s.writing = false
 	s.cond.Broadcast()
-	if err == nil && s.server == sc {
+	if err == nil && s.server == sc && s.mayReleaseLocked() {
 		// What was just written may need no answer (a Flush, the end of a
 		// message body) and leave the link at its release point, while
 		// readServer looked before the write ended and went back to reading.
@@ -517,8 +517,8 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 				s.mu.Unlock()
 				return // finish takes sc over
 			}
-			if s.releaseWake && isTimeout(readErr) {
-				s.releaseWake = false
+			if s.woken && isTimeout(readErr) {
+				s.woken = false
 				_ = sc.conn.SetReadDeadline(time.Time{})
 				if s.releaseIfAtRestLocked(sc) {
 					return
@@ -683,6 +683,15 @@ func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 	if s.probeDueLocked() {
 		release, err := s.probeAtRest(sc)
 		if err != nil {
+			if s.closing {
+				// The client left during the probe (finish woke the read):
+				// the connection is mid-reply, and nobody needs the result.
+				s.unpinLocked(sc)
+				s.server = nil
+				s.mu.Unlock()
+				sc.pool.Discard(sc)
+				return true
+			}
 			// The client's settings are now unknown: its session cannot
 			// go on as if they were kept.
 			s.mu.Unlock()
@@ -698,22 +707,29 @@ func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 	return true
 }
 
-// wakeReaderLocked makes readServer check the release point again when the
-// link has reached it, by giving sc a read deadline in the past (readServer
-// clears it). s.mu must be held and sc must be s.server.
+// wakeReaderLocked makes readServer, which may be blocked reading sc, look
+// at the session again now: when the session is closing it hands sc over
+// (to finish), else it checks the release point. It is the one way
+// anything interrupts readServer: a read deadline in the past, which
+// readServer clears. s.mu must be held and sc must be s.server.
 func (s *session) wakeReaderLocked(sc *ServerConn) {
-	if s.closing || s.mode != config.PoolerModeTransaction || s.cancelsInFlight > 0 || !s.link.atRest() {
-		return
-	}
-	s.releaseWake = true
+	s.woken = true
 	_ = sc.conn.SetReadDeadline(time.Now())
+}
+
+// mayReleaseLocked reports whether the link may be at the release point of
+// transaction mode, apart from the server stream, which only readServer
+// may look at: then waking readServer (wakeReaderLocked) lets it release.
+// s.mu must be held.
+func (s *session) mayReleaseLocked() bool {
+	return !s.closing && s.mode == config.PoolerModeTransaction && s.cancelsInFlight == 0 && s.link.atRest()
 }
 
 // releaseLocked unlinks sc and gives it back to the pool. s.mu must be held
 // by readServer; it is released.
 func (s *session) releaseLocked(sc *ServerConn) {
-	if s.releaseWake {
-		s.releaseWake = false
+	if s.woken {
+		s.woken = false
 		_ = sc.conn.SetReadDeadline(time.Time{})
 	}
 	s.server = nil
@@ -752,8 +768,7 @@ func (s *session) finish() {
 	s.closing = true
 	sc, done := s.server, s.readerDone
 	if sc != nil {
-		// Wake readServer; it sees closing and hands sc over.
-		_ = sc.conn.SetReadDeadline(time.Now())
+		s.wakeReaderLocked(sc) // it sees closing and hands sc over
 	}
 	s.mu.Unlock()
 	_ = s.conn.Close()
@@ -901,7 +916,10 @@ func (s *session) forceClose() {
 	s.closing = true // readServer hands the server to finish, which closes it
 	if sc := s.server; sc != nil {
 		// Under s.mu, so sc cannot have gone back to the pool meanwhile.
-		_ = sc.conn.SetDeadline(time.Now())
+		// The write deadline ends a write of serve's that the server does
+		// not read.
+		s.wakeReaderLocked(sc)
+		_ = sc.conn.SetWriteDeadline(time.Now())
 	}
 	s.mu.Unlock()
 	s.closeSocket()

@@ -134,9 +134,10 @@ type session struct {
 	writing    bool          // serve is writing client bytes to server
 	closing    bool          // the session is ending: readServer hands the server back
 	discarding bool          // after a failed checkout: drop extended messages until Sync
-	// releaseWake says serve set a past read deadline on the server to make
-	// readServer check the release point again; readServer clears both.
-	releaseWake bool
+	// woken says a read deadline in the past was given to the server
+	// connection to make readServer look at the session again
+	// (wakeReaderLocked); readServer clears both.
+	woken bool
 	// cancelsInFlight counts cancel requests being forwarded to the linked
 	// server; the link is not released until they are delivered.
 	cancelsInFlight int
@@ -683,7 +684,7 @@ func (p *Pooler) cancelRequest(processID uint32, secret []byte) {
 	target.cancelsInFlight--
 	if target.cancelsInFlight == 0 {
 		target.cond.Broadcast() // returnServer may be waiting
-		if target.server == sc {
+		if target.server == sc && target.mayReleaseLocked() {
 			target.wakeReaderLocked(sc)
 		}
 	}
