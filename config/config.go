@@ -153,7 +153,13 @@ type General struct {
 	TLSVerify              TLSVerify `toml:"tls_verify"`                // server side; default prefer
 	TLSServerCACertificate string    `toml:"tls_server_ca_certificate"` // CA bundle (PEM file) for verify_ca / verify_full; "" = the system's roots
 
-	PreparedStatements string `toml:"prepared_statements"` // "disabled" (default: forwarded unchanged) | "extended" (not in effect yet)
+	// PreparedStatements: "extended" renames clients' named prepared
+	// statements to pool-wide names in transaction mode; "disabled"
+	// forwards them unchanged (named statements then work in session mode
+	// only). PreparedStatementsLimit bounds the statements each server
+	// connection holds (0: no bound).
+	PreparedStatements      string `toml:"prepared_statements"`
+	PreparedStatementsLimit int    `toml:"prepared_statements_limit"`
 
 	LogConnections    bool `toml:"log_connections"`    // default true
 	LogDisconnections bool `toml:"log_disconnections"` // default true
@@ -225,7 +231,8 @@ func Defaults() Config {
 			LoginQueueMaxAge:            2000,
 			OpenMetricsHost:             "0.0.0.0",
 			TLSVerify:                   TLSVerifyPrefer,
-			PreparedStatements:          "disabled",
+			PreparedStatements:          "extended",
+			PreparedStatementsLimit:     500,
 			LogConnections:              true,
 			LogDisconnections:           true,
 			LogLevel:                    "info",

@@ -45,7 +45,8 @@ func TestDefaults(t *testing.T) {
 		{"healthcheck_port", g.HealthcheckPort, 0},
 		{"tls_client_required", g.TLSClientRequired, false},
 		{"tls_verify", g.TLSVerify, TLSVerifyPrefer},
-		{"prepared_statements", g.PreparedStatements, "disabled"},
+		{"prepared_statements", g.PreparedStatements, "extended"},
+		{"prepared_statements_limit", g.PreparedStatementsLimit, 500},
 		{"log_connections", g.LogConnections, true},
 		{"log_disconnections", g.LogDisconnections, true},
 		{"log_level", g.LogLevel, "info"},
@@ -117,6 +118,7 @@ tls_client_required = false
 tls_verify = "verify_full"
 tls_server_ca_certificate = ""
 prepared_statements = "disabled"
+prepared_statements_limit = 100
 log_connections = false
 log_disconnections = false
 log_level = "debug"
@@ -166,7 +168,7 @@ server_password = "alice_srvpw"
 		OpenMetricsHost:      "127.0.0.2",
 		OpenMetricsNamespace: "pgtender_",
 		TLSVerify:            TLSVerifyVerifyFull,
-		PreparedStatements:   "disabled", LogLevel: "debug", LogFormat: "json",
+		PreparedStatements:   "disabled", PreparedStatementsLimit: 100, LogLevel: "debug", LogFormat: "json",
 	}
 	if g != wantGeneral {
 		t.Errorf("general =\n%+v\nwant\n%+v", g, wantGeneral)
@@ -175,7 +177,7 @@ server_password = "alice_srvpw"
 		t.Errorf("admin = %+v, want %+v", c.Admin, want)
 	}
 	wantDB := Database{Name: "app", Host: "db.internal", Port: 5433, DatabaseName: "app_prod",
-		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 46}
+		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 47}
 	if len(c.Databases) != 1 || c.Databases[0] != wantDB {
 		t.Errorf("databases = %+v, want [%+v]", c.Databases, wantDB)
 	}

@@ -29,8 +29,8 @@ var unsupportedGeneral = setOf(
 	"query_parser", "query_parser_enabled", "query_parser_engine", "regex_parser_limit",
 	"query_cache_limit", "dry_run", "cross_shard_disabled", "system_catalogs",
 	"omnisharded_sticky", "lsn_check_interval", "lsn_check_timeout", "lsn_check_delay",
-	// the prepared statement cache of "extended" (itself not in effect yet, see notInEffect)
-	"prepared_statements_limit", "prepared_statements_ttl", "prepared_statements_ttl_jitter",
+	// re-planning renamed prepared statements after a while
+	"prepared_statements_ttl", "prepared_statements_ttl_jitter",
 	// TLS beyond a certificate, a key and a server CA
 	"tls_client_ca_certificate", "tls_server_certificate", "tls_server_private_key",
 	// connections and timeouts
@@ -106,11 +106,6 @@ var notInEffect = []PlannedKey{
 	{Key: "general.query_timeout", Default: `0`, Why: "queries are not timed out yet"},
 	{Key: "general.client_idle_in_transaction_timeout", Default: `0`,
 		Why: "clients idle in a transaction are not timed out yet"},
-	{Key: "general.prepared_statements", Default: `"disabled"`,
-		NotYet: map[string]string{
-			`"extended"`: `"disabled" (the default: statements are forwarded unchanged, so named prepared statements work in session mode only)`,
-		},
-		Why: "renaming prepared statements to pool-wide names is not built yet"},
 }
 
 // NotInEffectKeys returns the keys pgtender reads but whose feature is not

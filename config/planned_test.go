@@ -14,7 +14,6 @@ import (
 var notInEffectRejected = map[string][]string{
 	"general.query_timeout":                      {`1`, `30000`},
 	"general.client_idle_in_transaction_timeout": {`1`, `60000`},
-	"general.prepared_statements":                {`"extended"`},
 }
 
 // notInEffectDefaults is every notInEffect key written at its default, as
@@ -93,14 +92,15 @@ func TestNotInEffect(t *testing.T) {
 		mustLoad(t, "[general]\npassthrough_auth = \""+mode+"\"\n"+db, nil)
 	}
 	mustLoad(t, "[general]\nprepared_statements = \"disabled\"\n"+db, nil)
+	mustLoad(t, "[general]\nprepared_statements = \"extended\"\n"+db, nil)
 
 	// Several at once: each is reported at its own line, none hides
 	// another, and the keys in effect between them are accepted.
 	main := "[general]\nquery_timeout = 5\nopenmetrics_port = 9090\nopenmetrics_host = \"127.0.0.1\"\n" +
-		"openmetrics_namespace = \"pg_\"\nprepared_statements = \"extended\"\nhealthcheck_port = 8080\n" + db
+		"openmetrics_namespace = \"pg_\"\nclient_idle_in_transaction_timeout = 5\nhealthcheck_port = 8080\n" + db
 	checkProblems(t, loadProblems(t, main, nil), []want{
 		{"pgdog.toml", 2, "general.query_timeout", "leave it out or set it to 0"},
-		{"pgdog.toml", 6, "general.prepared_statements", `use "disabled"`},
+		{"pgdog.toml", 6, "general.client_idle_in_transaction_timeout", "leave it out or set it to 0"},
 	})
 
 	// A value that is wrong in itself is reported as such, not as planned.

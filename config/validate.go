@@ -55,8 +55,8 @@ func (l *loader) validateGeneral(g *General) {
 	l.oneOf(src, "general.passthrough_auth", string(g.PassthroughAuth), []string{
 		"disabled", "enabled", "enabled_plain", "enabled_allow_change", "enabled_plain_allow_change"}, nil)
 	l.oneOf(src, "general.tls_verify", string(g.TLSVerify), []string{"disabled", "prefer", "verify_ca", "verify_full"}, nil)
-	// "extended" is a value pgtender reads, not in effect yet: see notInEffect.
 	l.oneOf(src, "general.prepared_statements", g.PreparedStatements, []string{"disabled", "extended"}, []string{"extended_anonymous", "full"})
+	l.atLeast(src, "general.prepared_statements_limit", g.PreparedStatementsLimit, 0)
 	l.oneOf(src, "general.log_level", g.LogLevel, []string{"debug", "info", "warn", "error"}, nil)
 	l.oneOf(src, "general.log_format", g.LogFormat, []string{"text", "json"}, nil)
 

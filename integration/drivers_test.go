@@ -49,7 +49,7 @@ var poolerHas = struct {
 	// runtime parameter) are applied, and invalid ones are refused at login
 	// with the SQLSTATE Postgres gives.
 	startupOptions bool
-}{sessionSettings: true, startupOptions: true}
+}{preparedStatements: true, sessionSettings: true, startupOptions: true}
 
 // assumePoolerHas turns fields of poolerHas on for one run, to see the
 // pooled halves run (and fail) before a feature lands:
@@ -130,7 +130,8 @@ func startDriversPooler(t testing.TB, poolSize int) *testPooler {
 	t.Helper()
 	return startPooler(t, poolerOptions{
 		general: `passthrough_auth = "enabled_plain"
-pooler_mode = "transaction"`,
+pooler_mode = "transaction"
+prepared_statements = "extended"`,
 		pool: fmt.Sprintf("pool_size = %d", poolSize),
 	})
 }

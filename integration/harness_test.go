@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -153,7 +154,15 @@ port = %d
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := p.Shutdown(ctx); err != nil {
+		// Where a shutdown hangs: every goroutine's stack just before it
+		// gives up and closes everything.
+		stuck := time.AfterFunc(9*time.Second, func() {
+			stacks := make([]byte, 1<<20)
+			t.Logf("Shutdown still waiting; goroutines:\n%s", stacks[:runtime.Stack(stacks, true)])
+		})
+		err := p.Shutdown(ctx)
+		stuck.Stop()
+		if err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
 		if err := <-served; !errors.Is(err, pooler.ErrServerClosed) {

@@ -12,9 +12,9 @@ import (
 // unnamed statement in one batch and binds it in a later one (pgx's
 // describe-exec mode) may find its server connection's unnamed statement
 // made by another client meanwhile. Straight to Postgres the client runs
-// its own statement; through pgtender, until statements are re-prepared,
-// it must get 26000 (the statement does not exist) and never the other
-// client's result. Pool of 1, so both clients share the server connection.
+// its own statement, and through pgtender too: pgtender prepares the
+// client's unnamed statement again before its Bind, and never runs the
+// other client's. Pool of 1, so both clients share the server connection.
 func TestUnnamedStatementNeverRunsAnotherClients(t *testing.T) {
 	tp := startPooler(t, poolerOptions{
 		general: `passthrough_auth = "enabled_plain"`,
@@ -62,7 +62,7 @@ func TestUnnamedStatementNeverRunsAnotherClients(t *testing.T) {
 		t.Fatalf("direct: %q, SQLSTATE %q; want a:1", result, code)
 	}
 	result, code := run(tp.connString(appUser, appPassword, appDB))
-	if result != "" || code != "26000" {
-		t.Fatalf("through pgtender: %q, SQLSTATE %q; want no result and 26000 (never b:1)", result, code)
+	if result != "a:1" || code != "" {
+		t.Fatalf("through pgtender: %q, SQLSTATE %q; want a:1 as straight to Postgres (never b:1)", result, code)
 	}
 }

@@ -34,7 +34,11 @@ const (
 	// Postgres's own, for startup settings it refused.
 	sqlstateSyntaxError            = "42601"
 	sqlstateCantChangeRuntimeParam = "55P02"
-	sqlstateInternalError          = "XX000"
+	// Prepared statements in transaction mode (prepared.go).
+	sqlstateDuplicatePreparedStatement = "42P05"
+	sqlstateInFailedTransaction        = "25P02"
+	sqlstateProgramLimitExceeded       = "54000"
+	sqlstateInternalError              = "XX000"
 )
 
 // clientError is an error that is shown to the client: its SQLSTATE and

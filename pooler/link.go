@@ -62,6 +62,9 @@ type link struct {
 	// the session last took them (takeReadies), for the pool's query and
 	// transaction counters.
 	readies, idleReadies int
+
+	// settled are the ops settled since the session last took them.
+	settled []settledOp
 }
 
 // expectKind is what a client message the server answers asks for, and so
@@ -128,6 +131,30 @@ type expectation struct {
 	// which it cannot be known whether the server answers it (see
 	// link.uncertain).
 	optional bool
+	// synthetic: pgtender answers the request itself (a Parse of a
+	// statement the server connection already has, a client's Close of
+	// its statement); nothing was sent to the server, and the session
+	// writes the reply when the expectation reaches the front
+	// (takeSynthetic), after every reply owed before it.
+	synthetic bool
+	// replaceError: the request is pgtender's, made to fail so that the
+	// server skips to Sync as Postgres would after the client's message
+	// failed; the server's error is replaced by the one op says.
+	replaceError bool
+	// op is what the session does to its prepared statements when the
+	// request is answered, and undoes when it fails or is skipped
+	// (settled). nil for most requests.
+	op *statementOp
+	// stmt is the renamed statement a Bind or Describe uses: an error
+	// that says its result type changed supersedes it.
+	stmt *preparedStatement
+}
+
+// settledOp is an op whose request was answered (ok) or failed or was
+// skipped; the session takes them (takeSettled) in the order they settled.
+type settledOp struct {
+	op *statementOp
+	ok bool
 }
 
 // errUnexpectedServerMessage is a server message that answers nothing the
@@ -139,7 +166,8 @@ var errUnexpectedServerMessage = errors.New("server sent a reply to no request")
 // nothing and is idle.
 func (l *link) reset() {
 	clear(l.expected)
-	*l = link{expected: l.expected[:0], txStatus: wire.TxIdle}
+	clear(l.settled)
+	*l = link{expected: l.expected[:0], settled: l.settled[:0], txStatus: wire.TxIdle}
 }
 
 // clientMessage records a client message about to be forwarded to the
@@ -196,20 +224,124 @@ func (l *link) push(kind expectKind) {
 }
 
 // inject records a message of pgtender's own about to be written into the
-// client's stream to the server (before the client message it serves):
-// Close for now. Its reply is swallowed.
-func (l *link) inject(typ byte) {
+// client's stream to the server (before the client message it serves): a
+// Parse or a Close. Its reply is swallowed; an error in it is forwarded
+// (the client must see why the server now skips its messages), or replaced
+// when replaceError. op, if any, settles with the reply.
+func (l *link) inject(typ byte, op *statementOp, replaceError bool) {
 	if l.skipping {
 		return // the server drops it, like the client's
 	}
 	switch typ {
+	case wire.MsgParse:
+		l.push(expectParse)
 	case wire.MsgClose:
 		l.push(expectClose)
 	default:
 		panic(fmt.Sprintf("link: cannot inject message type %q", typ))
 	}
-	l.expected[len(l.expected)-1].swallow = true
+	e := &l.expected[len(l.expected)-1]
+	e.swallow, e.op, e.replaceError = true, op, replaceError
 	l.batchOpen = true
+}
+
+// attach gives op to the expectation the last client message pushed
+// (clientMessage): it settles with that message's reply. It must follow a
+// clientMessage of a message the server answers, outside skipping.
+func (l *link) attach(op *statementOp) {
+	l.expected[len(l.expected)-1].op = op
+}
+
+// attachStatement gives stmt to the expectation the last client message
+// pushed, as attach does.
+func (l *link) attachStatement(stmt *preparedStatement) {
+	l.expected[len(l.expected)-1].stmt = stmt
+}
+
+// owedStatement returns the statement of the oldest expectation (see
+// attachStatement), or nil.
+func (l *link) owedStatement() *preparedStatement {
+	if e := l.owed(); e != nil {
+		return e.stmt
+	}
+	return nil
+}
+
+// synthesize records a client message that pgtender answers itself instead
+// of forwarding it: a Parse (ParseComplete), a Close (CloseComplete) or a
+// Query (its whole reply). The answer waits its turn behind the replies
+// the server owes (takeSynthetic). Outside skipping only: a message the
+// server would skip is forwarded for it to skip.
+func (l *link) synthesize(kind expectKind, op *statementOp) {
+	l.push(kind)
+	e := &l.expected[len(l.expected)-1]
+	e.synthetic, e.op = true, op
+	if kind.extended() {
+		l.batchOpen = true
+	}
+}
+
+// syntheticDue reports whether the oldest reply owed is pgtender's own:
+// nothing from the server will come before it, so the session must be
+// told to write it (the reader is woken).
+func (l *link) syntheticDue() bool {
+	e := l.owed()
+	return e != nil && e.synthetic
+}
+
+// takeSynthetic removes and returns the oldest expectation if pgtender
+// answers it, for the session to write its reply; the session settles its
+// op. A synthetic Query's reply ends with a ReadyForQuery of the current
+// transaction status, which it counts.
+func (l *link) takeSynthetic() (expectation, bool) {
+	e := l.owed()
+	if e == nil || !e.synthetic {
+		return expectation{}, false
+	}
+	taken := *e
+	l.pop()
+	if taken.kind == expectQuery {
+		l.readies++
+		if l.txStatus == wire.TxIdle {
+			l.idleReadies++
+		}
+	}
+	return taken, true
+}
+
+// errorReplacement returns the op of the oldest expectation when it is
+// pgtender's failing request (replaceError): the ErrorResponse that
+// answers it is to be replaced. Call it before serverMessage.
+func (l *link) errorReplacement() *statementOp {
+	if e := l.owed(); e != nil && e.replaceError {
+		return e.op
+	}
+	return nil
+}
+
+// opsPending reports whether a request still owed a reply carries an op.
+func (l *link) opsPending() bool {
+	for i := l.head; i < len(l.expected); i++ {
+		if l.expected[i].op != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// settle notes that e's request was answered (ok) or failed or was skipped.
+func (l *link) settle(e *expectation, ok bool) {
+	if e.op != nil {
+		l.settled = append(l.settled, settledOp{op: e.op, ok: ok})
+	}
+}
+
+// takeSettled returns the ops settled since the last call, in order; the
+// slice is valid until the link's next change.
+func (l *link) takeSettled() []settledOp {
+	settled := l.settled
+	l.settled = l.settled[:0]
+	return settled
 }
 
 // owed returns the oldest expectation with a reply of its own, dropping
@@ -245,7 +377,7 @@ func (l *link) serverMessage(typ byte, body []byte) (swallow bool, err error) {
 	case wire.MsgNoticeResponse, wire.MsgParameterStatus, wire.MsgNotification:
 		return false, nil // asynchronous: any time, answering nothing
 	}
-	if e := l.owed(); e != nil && e.swallow && typ != wire.MsgErrorResponse {
+	if e := l.owed(); e != nil && e.swallow && (typ != wire.MsgErrorResponse || e.replaceError) {
 		swallow = true
 	}
 	return swallow, l.match(typ, body)
@@ -264,6 +396,11 @@ func (l *link) match(typ byte, body []byte) error {
 	if e != nil && l.copyIn && (typ == wire.MsgCommandComplete || typ == wire.MsgErrorResponse) {
 		l.copyEnded(typ == wire.MsgCommandComplete || copyFailedByClient(body))
 	}
+	if e != nil && e.synthetic {
+		// The session writes pgtender's replies before it passes on the
+		// server's next message (takeSynthetic).
+		return fmt.Errorf("%w: message type %q where pgtender's own reply to %s was due", errUnexpectedServerMessage, typ, e.kind)
+	}
 	if e == nil {
 		switch {
 		case typ == wire.MsgErrorResponse:
@@ -278,6 +415,7 @@ func (l *link) match(typ byte, body []byte) error {
 	if typ == wire.MsgErrorResponse {
 		if e.kind.extended() {
 			// The message failed; the server now skips to Sync.
+			l.settle(e, false)
 			l.pop()
 			l.skipToSync()
 		}
@@ -332,6 +470,7 @@ func (l *link) meet(typ, want byte) error {
 	if typ != want {
 		return fmt.Errorf("%w: message type %q where %q was due", errUnexpectedServerMessage, typ, want)
 	}
+	l.settle(&l.expected[l.head], true)
 	l.pop()
 	return nil
 }
@@ -357,6 +496,7 @@ func (l *link) skipToSync() {
 		if l.expected[l.head].kind == expectSync {
 			return
 		}
+		l.settle(&l.expected[l.head], false)
 		l.pop()
 	}
 	l.skipping = true
@@ -410,13 +550,16 @@ func (l *link) copyEnded(byClient bool) {
 	l.expected = l.expected[:kept]
 }
 
-// readiesOwed is how many ReadyForQuery messages the server still owes.
+// readiesOwed is how many ReadyForQuery messages the server still owes
+// (pgtender's own answers aside).
 func (l *link) readiesOwed() int {
 	n := 0
 	for i := l.head; i < len(l.expected); i++ {
-		switch l.expected[i].kind {
+		switch e := l.expected[i]; e.kind {
 		case expectSync, expectQuery:
-			n++
+			if !e.synthetic {
+				n++
+			}
 		}
 	}
 	return n

@@ -187,7 +187,7 @@ func TestLinkSwallowsInjectedReplies(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var l link
 			l.reset()
-			l.inject(wire.MsgClose)
+			l.inject(wire.MsgClose, nil, false)
 			for _, typ := range []byte("BES") {
 				l.clientMessage(typ)
 			}
@@ -314,5 +314,136 @@ func BenchmarkLinkPgbenchExtended(b *testing.B) {
 		_, _ = l.serverMessage('C', nil)
 		_, _ = l.serverMessage('Z', []byte{'I'})
 		_ = l.atRest()
+	}
+}
+
+// TestLinkSyntheticReplies: a request pgtender answers itself waits its
+// turn behind the replies the server owes, and is skipped, never answered,
+// when an earlier message of its batch failed; ops settle with their
+// requests, ok or not.
+func TestLinkSyntheticReplies(t *testing.T) {
+	define, forget, added := &statementOp{kind: opDefine}, &statementOp{kind: opForget}, &statementOp{kind: opServerAdd}
+	type event struct {
+		server  byte   // the server message passed, or 0: none, the session looks for due replies
+		want    string // the synthetic replies due before it, by kind
+		settled string // ops settled by it: d(efine), f(orget), a(dd), upper case when ok
+	}
+	name := func(op *statementOp) byte {
+		switch op {
+		case define:
+			return 'd'
+		case forget:
+			return 'f'
+		case added:
+			return 'a'
+		}
+		return '?'
+	}
+	tests := []struct {
+		name   string
+		plan   func(l *link)
+		events []event
+		atRest bool
+	}{
+		{name: "parse answered by pgtender, then the server's bind",
+			plan: func(l *link) {
+				l.synthesize(expectParse, define)
+				l.clientMessage(wire.MsgBind)
+				l.clientMessage(wire.MsgExecute)
+				l.clientMessage(wire.MsgSync)
+			},
+			events: []event{{server: '2', want: "Parse"}, {server: 'C'}, {server: 'Z'}},
+			atRest: true},
+		{name: "close answered by pgtender after the server's replies, with nothing after",
+			plan: func(l *link) {
+				l.inject(wire.MsgParse, added, false)
+				l.clientMessage(wire.MsgBind)
+				l.synthesize(expectClose, forget)
+			},
+			events: []event{{server: '1', settled: "A"}, {server: '2'}, {want: "Close"}},
+		},
+		{name: "an error earlier in the batch skips pgtender's answers and undoes their ops",
+			plan: func(l *link) {
+				l.clientMessage(wire.MsgBind)
+				l.synthesize(expectParse, define)
+				l.synthesize(expectClose, forget)
+				l.clientMessage(wire.MsgSync)
+			},
+			events: []event{{server: 'E', settled: "df"}, {server: 'Z'}},
+			atRest: true},
+		{name: "a failed injected parse undoes its op",
+			plan: func(l *link) {
+				l.inject(wire.MsgParse, added, false)
+				l.clientMessage(wire.MsgBind)
+				l.clientMessage(wire.MsgSync)
+			},
+			events: []event{{server: 'E', settled: "a"}, {server: 'Z'}},
+			atRest: true},
+		{name: "a synthetic query reply counts as a ReadyForQuery",
+			plan: func(l *link) {
+				l.clientMessage(wire.MsgQuery)
+				l.synthesize(expectQuery, forget)
+			},
+			events: []event{{server: 'C'}, {server: 'Z'}, {want: "Query"}},
+			atRest: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var l link
+			l.reset()
+			tt.plan(&l)
+			for i, ev := range tt.events {
+				var due []string
+				for {
+					e, ok := l.takeSynthetic()
+					if !ok {
+						break
+					}
+					due = append(due, e.kind.String())
+				}
+				if got := strings.Join(due, ","); got != ev.want {
+					t.Fatalf("event %d: due %q, want %q", i, got, ev.want)
+				}
+				if ev.server != 0 {
+					var body []byte
+					if ev.server == wire.MsgReadyForQuery {
+						body = []byte{wire.TxIdle}
+					}
+					if ev.server == wire.MsgErrorResponse {
+						body = errorBody("42P01", "relation does not exist")
+					}
+					if _, err := l.serverMessage(ev.server, body); err != nil {
+						t.Fatalf("event %d: %v", i, err)
+					}
+				}
+				var settled []byte
+				for _, s := range l.takeSettled() {
+					c := name(s.op)
+					if s.ok {
+						c -= 'a' - 'A'
+					}
+					settled = append(settled, c)
+				}
+				if string(settled) != ev.settled {
+					t.Fatalf("event %d: settled %q, want %q", i, settled, ev.settled)
+				}
+			}
+			if l.atRest() != tt.atRest {
+				t.Errorf("atRest %v, want %v", l.atRest(), tt.atRest)
+			}
+		})
+	}
+}
+
+// TestLinkRefusesServerReplyBeforeSyntheticOne: a server reply while
+// pgtender's own is due is a bug of the session's, and the link says so
+// rather than match it against the wrong request.
+func TestLinkRefusesServerReplyBeforeSyntheticOne(t *testing.T) {
+	var l link
+	l.reset()
+	l.synthesize(expectParse, nil)
+	l.clientMessage(wire.MsgSync)
+	if _, err := l.serverMessage(wire.MsgReadyForQuery, []byte{wire.TxIdle}); !errors.Is(err, errUnexpectedServerMessage) {
+		t.Fatalf("got %v, want errUnexpectedServerMessage", err)
 	}
 }

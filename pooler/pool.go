@@ -29,6 +29,11 @@ type poolSettings struct {
 	serverLifetime  time.Duration
 	checkoutTimeout time.Duration
 	rollbackTimeout time.Duration
+	// preparedStatements: clients' named prepared statements are renamed
+	// (prepared.go), bounded per server connection by
+	// preparedStatementsLimit (0: no bound).
+	preparedStatements      bool
+	preparedStatementsLimit int
 }
 
 // Pool holds the server connections of one (user, database). Acquire takes
@@ -50,6 +55,9 @@ type Pool struct {
 	closed  bool
 
 	params atomic.Pointer[[]serverParameter] // ParameterStatus set sent to clients at login
+
+	// statements are the pool's prepared statements, renamed (prepared.go).
+	statements statementRegistry
 
 	// validSettings are the startup settings Postgres accepted
 	// (checkStartupSettings).
@@ -97,6 +105,11 @@ type poolStats struct {
 	// pinnedClients counts clients whose server connection is pinned to
 	// them (sessionPins).
 	pinnedClients atomic.Int64
+	// statementParses counts Parses of renamed statements sent to server
+	// connections; statementsEvicted the statements pgtender closed on a
+	// server connection to stay within prepared_statements_limit.
+	statementParses   atomic.Uint64
+	statementsEvicted atomic.Uint64
 }
 
 func newPool(key poolKey, settings poolSettings, connect func(ctx context.Context) (*ServerConn, error)) *Pool {

@@ -362,6 +362,10 @@ func poolConfig(cfg *config.Config, key poolKey) (serverEndpoint, poolSettings, 
 		serverLifetime:  general.ServerLifetime.Duration(),
 		checkoutTimeout: general.CheckoutTimeout.Duration(),
 		rollbackTimeout: general.RollbackTimeout.Duration(),
+		// Session mode keeps the client's own names: its server
+		// connection is its own.
+		preparedStatements:      general.PreparedStatements == "extended" && resolved.PoolerMode == config.PoolerModeTransaction,
+		preparedStatementsLimit: general.PreparedStatementsLimit,
 	}
 	return endpoint, settings, true
 }

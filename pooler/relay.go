@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler/sqlscan"
 	"github.com/pgtender/pgtender/pooler/wire"
 )
 
@@ -47,8 +48,23 @@ func (s *session) relay() error {
 			return err
 		}
 		if !terminate {
-			// Hold back a partial header; it is scanned again next time.
+			// Hold back a partial header, or a message wanted whole; it is
+			// scanned again next time.
 			carried = s.scanner.UnreportedLen()
+			if need := s.scanner.PendingLen(); need > len(buf) {
+				// A message longer than the buffer, wanted whole: a buffer
+				// of its size, for as long as it takes to arrive.
+				grown := make([]byte, need)
+				copy(grown, chunk[n-carried:])
+				s.scanner.DropUnreported()
+				if forward > 0 {
+					if err := s.forwardClientBytes(chunk[:forward]); err != nil {
+						return err
+					}
+				}
+				buf = grown
+				continue
+			}
 			s.scanner.DropUnreported()
 		}
 		if forward > 0 {
@@ -61,6 +77,8 @@ func (s *session) relay() error {
 		}
 		if carried > 0 {
 			copy(buf, chunk[n-carried:])
+		} else if len(buf) != len(*s.bufRef) {
+			buf = *s.bufRef // the long message has passed
 		}
 	}
 }
@@ -77,6 +95,9 @@ type chunkSummary struct {
 	// state (sqlscan), or a message runs one that might without showing
 	// it (a Bind of a statement that did, a FunctionCall).
 	mayChangeSession bool
+	// forgetStatements: a DEALLOCATE ALL or DISCARD ALL in the chunk ends
+	// its text.
+	forgetStatements bool
 	// messages are the messages after localEnd that the chunk reports, in
 	// order: what the link is told (link.clientMessage).
 	messages []clientMessage
@@ -86,7 +107,20 @@ type chunkSummary struct {
 type clientMessage struct {
 	typ     byte
 	start   int        // offset of its header in the chunk
+	end     int        // offset after it, when whole
+	whole   bool       // the chunk holds all of it
+	length  int        // its body's length
 	unnamed unnamedUse // what it does with the unnamed statement
+	// The prepared statement it names, for renaming (prepared.go), and
+	// what else renaming needs; the slices alias the chunk. name is the
+	// statement of a Parse, Bind, or of a Describe or Close whose target
+	// is TargetStatement, or the operand of a DEALLOCATE.
+	name       []byte
+	target     byte       // Describe, Close
+	portal     []byte     // Bind
+	rest       int        // Bind: where the body goes on after the names
+	parse      wire.Parse // a whole Parse, decoded
+	deallocate bool       // a Query that is only DEALLOCATE name
 }
 
 // unnamedUse is what a client message does with the unnamed prepared
@@ -109,6 +143,7 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 	summary.localSyncs = 0
 	summary.needServer = false
 	summary.mayChangeSession = false
+	summary.forgetStatements = false
 	summary.messages = summary.messages[:0]
 	discarding := s.discarding
 	if s.textLeft > 0 {
@@ -140,7 +175,13 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 			}
 			continue
 		}
-		unnamed := unnamedNone
+		m := clientMessage{typ: msg.Type, start: msg.Start, length: msg.Length}
+		if end := msg.Start + wire.HeaderLen + msg.Length; end <= len(chunk) {
+			m.whole, m.end = true, end
+		}
+		// What the scanner inspected lies in the chunk (the relay holds
+		// back a message until it does), where it stays valid.
+		inspected := chunk[msg.Start+wire.HeaderLen : msg.Start+wire.HeaderLen+len(msg.Body)]
 		switch msg.Type {
 		case wire.MsgSync, wire.MsgFlush, wire.MsgCopyData, wire.MsgCopyDone, wire.MsgCopyFail:
 			// Meaningful only to a linked server; answered or harmless
@@ -152,9 +193,26 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 			s.feedText(chunk[body:min(body+msg.Length, len(chunk))])
 			switch {
 			case msg.Type == wire.MsgQuery:
-				unnamed = unnamedDestroyed
+				m.unnamed = unnamedDestroyed
+				if m.whole && s.textDeallocate != nil {
+					m.deallocate, m.name = true, s.textDeallocate
+				}
 			case !s.textNamed:
-				unnamed = unnamedParsed
+				m.unnamed = unnamedParsed
+				if m.whole && s.textDeallocate != nil {
+					if parse, err := wire.DecodeParse(inspected); err == nil {
+						m.parse, m.deallocate, m.name = parse, true, s.textDeallocate
+					}
+				}
+			case !m.whole && msg.Length > maxWholeParseLen && s.renaming:
+				// Its text is needed whole to rename it.
+				return 0, false, fatalError(sqlstateProgramLimitExceeded, fmt.Sprintf(
+					"prepared statement of %d bytes: pgtender renames named statements of up to %d bytes; use the unnamed statement for longer ones",
+					msg.Length, maxWholeParseLen), nil)
+			case m.whole:
+				if parse, err := wire.DecodeParse(inspected); err == nil {
+					m.parse, m.name = parse, parse.Name
+				}
 			}
 		case wire.MsgBind:
 			summary.needServer = true
@@ -163,15 +221,21 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 			}
 			// A statement name that does not fit the inspected bytes is
 			// taken for the unnamed one: guarding it costs nothing wrong.
-			if _, statement, _, err := wire.BindNames(msg.Body); err != nil || len(statement) == 0 {
-				unnamed = unnamedUsed
+			portal, statement, rest, err := wire.BindNames(inspected)
+			if err != nil || len(statement) == 0 {
+				m.unnamed = unnamedUsed
+			} else {
+				m.portal, m.name, m.rest = portal, statement, rest
 			}
 		case wire.MsgDescribe, wire.MsgClose:
 			summary.needServer = true
-			if kind, name, err := wire.DecodeTarget(msg.Body); err == nil && kind == wire.TargetStatement && len(name) == 0 {
-				unnamed = unnamedUsed
-				if msg.Type == wire.MsgClose {
-					unnamed = unnamedDestroyed
+			if kind, name, err := wire.DecodeTarget(inspected); err == nil && kind == wire.TargetStatement {
+				m.target, m.name = kind, name
+				if len(name) == 0 {
+					m.unnamed = unnamedUsed
+					if msg.Type == wire.MsgClose {
+						m.unnamed = unnamedDestroyed
+					}
 				}
 			}
 		case wire.MsgFunctionCall:
@@ -180,7 +244,7 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 		default:
 			summary.needServer = true // a request, or let Postgres judge what it is
 		}
-		summary.messages = append(summary.messages, clientMessage{typ: msg.Type, start: msg.Start, unnamed: unnamed})
+		summary.messages = append(summary.messages, m)
 	}
 	forward = len(chunk) - s.scanner.UnreportedLen()
 	if discarding {
@@ -190,9 +254,10 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 }
 
 // inspectClientMessage tells the client stream's scanner which message
-// bodies the relay must see: the first byte of a Parse, which says whether
-// it names its statement; the names at the start of a Bind; the target of
-// a Describe or Close (whole when it is the unnamed statement).
+// bodies the relay must see in part: the first byte of a Parse too long to
+// be held whole, which says whether it names its statement; the names at
+// the start of a Bind; the first bytes of a Describe or Close too long to
+// be held whole.
 func inspectClientMessage(typ byte) int {
 	switch typ {
 	case wire.MsgParse:
@@ -205,10 +270,28 @@ func inspectClientMessage(typ byte) int {
 	return 0
 }
 
-// inspectBindNames is how much of a Bind the relay looks at: enough for an
-// unnamed portal and the names drivers give statements (pgx's are the
-// longest, "stmtcache_" and 40 hex digits).
-const inspectBindNames = 64
+// wholeClientMessage tells the client stream's scanner which messages the
+// relay must see whole, to rename the prepared statements they name or
+// answer them itself: Parse, Describe and Close, and a short Query (a
+// DEALLOCATE), up to a bound.
+func wholeClientMessage(typ byte, length int) bool {
+	switch typ {
+	case wire.MsgParse:
+		return length <= maxWholeParseLen
+	case wire.MsgDescribe, wire.MsgClose, wire.MsgQuery:
+		return length <= maxWholeShortLen
+	}
+	return false
+}
+
+// maxWholeShortLen bounds the Describe, Close and Query messages held
+// whole: a name Postgres keeps is at most 63 bytes.
+const maxWholeShortLen = 1 << 10
+
+// inspectBindNames is how much of a Bind the relay looks at: enough for
+// the longest portal and statement names Postgres keeps (63 bytes each),
+// and longer ones drivers never send.
+const inspectBindNames = 256
 
 // beginText starts following the text of a Query or Parse message, whose
 // body the chunk begins to hold.
@@ -244,6 +327,20 @@ func (s *session) feedText(p []byte) {
 		return
 	}
 	effects := s.sql.Effects()
+	// DEALLOCATE and DISCARD ALL, whether run by a Query or by the
+	// unnamed statement of a Parse (psycopg 3 sends its commands so).
+	s.textDeallocate = nil
+	if effects&sqlscan.DiscardAll != 0 {
+		s.chunk.forgetStatements = true
+	}
+	if effects&sqlscan.Deallocate != 0 {
+		if name, all, ok := s.sql.SingleDeallocate(); ok && all {
+			s.chunk.forgetStatements = true
+		} else if ok && (s.textMessage == wire.MsgQuery || !s.textNamed) {
+			// The scanner's copy lasts only until its next text.
+			s.textDeallocate = bytes.Clone(name)
+		}
+	}
 	if s.textMessage == wire.MsgParse {
 		// Its effects come when it is executed, maybe in a later batch.
 		if s.textNamed {
@@ -300,6 +397,10 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 			s.mu.Unlock()
 			return s.answerWithoutServer(nil)
 		}
+		if reply, ok := s.prepareWithoutServerLocked(summary); ok {
+			s.mu.Unlock()
+			return s.write(reply)
+		}
 		s.mu.Unlock()
 		if s.pooler.draining.Load() {
 			return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
@@ -324,9 +425,12 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 		s.linkServer(sc)
 	}
 	sc := s.server
+	if summary.forgetStatements && s.renamingLocked() {
+		s.forgetStatementsLocked(sc)
+	}
 	// Told before the bytes are written, so that no reply can arrive for
 	// a request the link does not know of.
-	injectAt := s.guardUnnamedLocked(sc, summary)
+	edits := s.planChunkLocked(sc, summary, chunk)
 	if summary.mayChangeSession {
 		s.settingsMayHaveChanged = true
 	}
@@ -338,20 +442,22 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	s.mu.Unlock()
 
 	var err error
-	if len(injectAt) == 0 {
+	if len(edits) == 0 {
 		_, err = sc.conn.Write(chunk)
 	} else {
-		err = writeWithInjections(sc.conn, chunk, injectAt)
+		err = s.writeEdited(sc.conn, chunk, edits)
 	}
 	sc.pool.stats.bytesReceived.Add(uint64(len(chunk)))
 
 	s.mu.Lock()
 	s.writing = false
 	s.cond.Broadcast()
-	if err == nil && s.server == sc && s.mayReleaseLocked() {
+	if err == nil && s.server == sc && (s.mayReleaseLocked() || s.link.syntheticDue()) {
 		// What was just written may need no answer (a Flush, the end of a
 		// message body) and leave the link at its release point, while
-		// readServer looked before the write ended and went back to reading.
+		// readServer looked before the write ended and went back to
+		// reading; or the next reply owed is pgtender's own, which
+		// readServer writes in its turn.
 		s.wakeReaderLocked(sc)
 	}
 	s.mu.Unlock()
@@ -363,59 +469,43 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	return nil
 }
 
-// guardUnnamedLocked tells the link about the chunk's messages, in order,
-// and keeps the unnamed statement the client's own: a server connection's
-// unnamed statement may have been parsed by the client that had it before,
-// and a Bind or Describe of "the unnamed statement" by this client must
-// not run that one (pgx's describe-exec mode parses and binds in two
-// batches, which may land on different server connections). Before such a
-// message, when the connection's unnamed statement is not this client's
-// latest, pgtender closes it (Close of the unnamed statement, its
-// CloseComplete swallowed), so that Postgres answers the Bind as it would
-// have answered a client whose statement is gone: 26000. It returns where
-// in the chunk (from summary.localEnd on) the Closes go. s.mu must be held.
-func (s *session) guardUnnamedLocked(sc *ServerConn, summary *chunkSummary) []int {
-	injectAt := s.injectAt[:0]
-	foreign := sc.unnamedOwner != 0 && (sc.unnamedOwner != s.serial || sc.unnamedGeneration != s.unnamedGeneration)
-	for _, m := range summary.messages {
-		switch m.unnamed {
-		case unnamedParsed:
-			s.unnamedGeneration++
-			sc.unnamedOwner, sc.unnamedGeneration = s.serial, s.unnamedGeneration
-			foreign = false
-		case unnamedDestroyed:
-			s.unnamedGeneration++ // the client's own is gone too
-			sc.unnamedOwner = 0
-			foreign = false
-		case unnamedUsed:
-			if foreign {
-				s.link.inject(wire.MsgClose)
-				injectAt = append(injectAt, m.start-summary.localEnd)
-				sc.unnamedOwner = 0
-				foreign = false
-			}
-		}
-		s.link.clientMessage(m.typ)
-	}
-	s.injectAt = injectAt[:0]
-	return injectAt
-}
-
-// closeUnnamedStatement is the Close pgtender injects (guardUnnamedLocked).
+// closeUnnamedStatement is the Close pgtender injects before a client's
+// Bind or Describe of the unnamed statement when the server connection's
+// unnamed statement is not the client's and pgtender cannot prepare the
+// client's there (planChunkLocked): the client's Bind must not run another
+// client's statement.
 var closeUnnamedStatement = wire.AppendClose(nil, wire.TargetStatement, nil)
 
-// writeWithInjections writes chunk to conn with closeUnnamedStatement
-// inserted before each offset of at (ascending), in one writev.
-func writeWithInjections(conn net.Conn, chunk []byte, at []int) error {
-	buffers := make(net.Buffers, 0, 2*len(at)+1)
-	prev := 0
-	for _, offset := range at {
-		buffers = append(buffers, chunk[prev:offset], closeUnnamedStatement)
-		prev = offset
+// writeEdited writes chunk to conn with the edits planChunkLocked made,
+// in one writev.
+func (s *session) writeEdited(conn net.Conn, chunk []byte, edits []edit) error {
+	buffers := s.editedBuffers(chunk, edits)
+	if len(buffers) == 0 {
+		return nil
 	}
-	buffers = append(buffers, chunk[prev:])
 	_, err := buffers.WriteTo(conn)
 	return err
+}
+
+// editedBuffers returns chunk with the edits made, as the pieces to write.
+// The slice is the session's, reused.
+func (s *session) editedBuffers(chunk []byte, edits []edit) net.Buffers {
+	buffers := s.writeBuffers[:0]
+	prev := 0
+	for _, e := range edits {
+		if e.start > prev {
+			buffers = append(buffers, chunk[prev:e.start])
+		}
+		if e.to > e.from {
+			buffers = append(buffers, s.editBytes[e.from:e.to])
+		}
+		prev = e.end
+	}
+	if prev < len(chunk) {
+		buffers = append(buffers, chunk[prev:])
+	}
+	s.writeBuffers = buffers[:0]
+	return buffers
 }
 
 // acquire checks out a server connection from the session's pool. When a
@@ -520,6 +610,29 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 			if s.woken && isTimeout(readErr) {
 				s.woken = false
 				_ = sc.conn.SetReadDeadline(time.Time{})
+				if replies := s.syntheticRepliesLocked(sc); len(replies) > 0 {
+					// Only this goroutine writes the server's side of the
+					// stream, so nothing can overtake them while mu is let
+					// go for the write (a client that does not read must not
+					// hold it).
+					readies, idleReadies := s.link.takeReadies()
+					s.mu.Unlock()
+					s.transactions.Add(int64(idleReadies))
+					sc.pool.stats.transactions.Add(uint64(idleReadies))
+					sc.pool.stats.queries.Add(uint64(readies))
+					writeErr := s.write(replies)
+					s.mu.Lock()
+					if writeErr != nil && !s.closing {
+						s.closing = true
+						s.mu.Unlock()
+						s.closeSocket()
+						return
+					}
+					if s.closing {
+						s.mu.Unlock()
+						return
+					}
+				}
 				if s.releaseIfAtRestLocked(sc) {
 					return
 				}
@@ -541,8 +654,8 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 			return
 		}
 		var writeErr error
-		if forward > 0 {
-			writeErr = s.write(sc.buf[:forward])
+		if len(forward) > 0 {
+			writeErr = s.write(forward)
 		}
 		if partial := sc.scanner.UnreportedLen(); partial > 0 {
 			// Held back until the header is whole, so that a reply to be
@@ -551,7 +664,7 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 			sc.scanner.DropUnreported()
 		}
 		stats := &sc.pool.stats
-		stats.bytesSent.Add(uint64(forward))
+		stats.bytesSent.Add(uint64(len(forward)))
 		if readies > 0 {
 			// Every ReadyForQuery that says idle ends a transaction: an
 			// explicit block, or a statement run in autocommit.
@@ -586,25 +699,22 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 }
 
 // takeServerChunkLocked passes each message of a chunk of server output
-// to the link, notes the parameters the server reports, and cuts out of
-// the chunk the replies the link swallows, in place. It returns how many
-// bytes at the front of chunk are to be forwarded: all but the swallowed
-// replies and a partial header at the end (which the caller holds back).
-// An error means the server connection is out of step or broken. s.mu
-// must be held.
-func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) (int, error) {
-	kept, from := 0, 0 // chunk[:kept] is final; chunk[from:] not yet placed
-	cut := func(start, end int) {
-		if start > from {
-			kept += copy(chunk[kept:], chunk[from:start])
-		}
-		from = end
-	}
+// to the link, notes the parameters the server reports, and returns what
+// is to be forwarded: the chunk without the replies the link swallows and
+// without a partial header at the end (which the caller holds back), with
+// pgtender's own replies (link.takeSynthetic) and replaced errors in their
+// places. The result is the front of chunk, changed in place, unless
+// something was inserted; then it is the session's serverOut. An error
+// means the server connection is out of step or broken. s.mu must be
+// held.
+func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) ([]byte, error) {
+	out := serverOutput{chunk: chunk, buf: s.serverOut[:0]}
+	defer func() { s.serverOut = out.buf[:0] }()
 	if sc.skip > 0 {
 		// The rest of a swallowed reply that began in an earlier chunk.
 		end := min(sc.skip, len(chunk))
 		sc.skip -= end
-		cut(0, end)
+		out.cut(0, end)
 	}
 	for off := 0; off < len(chunk); {
 		var msg wire.Message
@@ -612,14 +722,30 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) (int, erro
 		var err error
 		off, msg, ok, err = sc.scanner.Next(chunk, off)
 		if err != nil {
-			return 0, fmt.Errorf("invalid message from server: %w", err)
+			return nil, fmt.Errorf("invalid message from server: %w", err)
 		}
 		if !ok {
 			break
 		}
+		if !isAsynchronous(msg.Type) {
+			s.insertSyntheticLocked(&out, msg.Start)
+		}
+		var replaced *statementOp
+		if msg.Type == wire.MsgErrorResponse {
+			replaced = s.link.errorReplacement()
+			if stmt := s.link.owedStatement(); stmt != nil {
+				if code, message := wire.ErrorFields(msg.Body); string(code) == sqlstateFeatureNotSupported &&
+					bytes.HasPrefix(message, []byte(cachedPlanChanged)) {
+					// A table the statement reads changed shape: every
+					// client that prepared it gets this error once it
+					// uses it, as from its own backend.
+					sc.pool.statements.supersede(stmt)
+				}
+			}
+		}
 		swallow, err := s.link.serverMessage(msg.Type, msg.Body)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		if swallow {
 			// Swallowed replies are of types the scanner reports at their
@@ -629,7 +755,10 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) (int, erro
 				sc.skip = end - len(chunk)
 				end = len(chunk)
 			}
-			cut(msg.Start, end)
+			if replaced != nil {
+				out.insert(msg.Start, appendReplacedError(s.replyScratch[:0], replaced))
+			}
+			out.cut(msg.Start, end)
 		}
 		if msg.Type == wire.MsgParameterStatus && reportedParameter(parameterStatusName(msg.Body)) != "" {
 			// Something the client ran changed a setting, perhaps inside
@@ -638,13 +767,103 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) (int, erro
 		}
 	}
 	forwardEnd := len(chunk) - sc.scanner.UnreportedLen()
-	if from == 0 {
-		return forwardEnd, nil // nothing swallowed: the usual case
+	if sc.scanner.UnreportedLen() > 0 || sc.scanner.AtBoundary() {
+		// Between two messages: pgtender's replies due now go here.
+		s.insertSyntheticLocked(&out, forwardEnd)
 	}
-	if forwardEnd > from {
-		kept += copy(chunk[kept:], chunk[from:forwardEnd])
+	s.applySettledLocked()
+	return out.result(forwardEnd), nil
+}
+
+// isAsynchronous reports whether a server message may come at any time,
+// answering no request.
+func isAsynchronous(typ byte) bool {
+	return typ == wire.MsgNoticeResponse || typ == wire.MsgParameterStatus || typ == wire.MsgNotification
+}
+
+// insertSyntheticLocked puts pgtender's replies that are due (their
+// requests' turn has come) into out at offset at. s.mu must be held.
+func (s *session) insertSyntheticLocked(out *serverOutput, at int) {
+	for {
+		e, ok := s.link.takeSynthetic()
+		if !ok {
+			return
+		}
+		reply, succeeded := appendSyntheticReply(s.replyScratch[:0], e, s.link.txStatus)
+		s.replyScratch = reply[:0]
+		out.insert(at, reply)
+		if !succeeded && e.op != nil {
+			e.op.undo(s)
+		}
 	}
-	return kept, nil
+}
+
+// syntheticRepliesLocked returns pgtender's replies that are due, for
+// readServer to write when it was woken with nothing from the server
+// (link.syntheticDue), or nil. The slice is the session's serverOut. s.mu
+// must be held.
+func (s *session) syntheticRepliesLocked(sc *ServerConn) []byte {
+	if !s.link.syntheticDue() || !(sc.carried > 0 || sc.scanner.AtBoundary()) {
+		return nil
+	}
+	out := serverOutput{buf: s.serverOut[:0]}
+	s.insertSyntheticLocked(&out, 0)
+	s.serverOut = out.buf[:0]
+	return out.result(0)
+}
+
+// serverOutput assembles what a chunk of server output becomes on its way
+// to the client. Cutting alone changes the chunk in place (the usual case:
+// nothing, or a swallowed reply); the first insertion copies what is kept
+// so far into buf, where the rest is assembled.
+type serverOutput struct {
+	chunk []byte
+	kept  int // in place: chunk[:kept] is final
+	from  int // chunk[from:] is not yet placed
+	buf   []byte
+	// copying: the output is in buf, not in place.
+	copying bool
+}
+
+// place moves chunk[from:end] to the output.
+func (o *serverOutput) place(end int) {
+	if end <= o.from {
+		return
+	}
+	if o.copying {
+		o.buf = append(o.buf, o.chunk[o.from:end]...)
+	} else {
+		if o.kept != o.from {
+			copy(o.chunk[o.kept:], o.chunk[o.from:end])
+		}
+		o.kept += end - o.from
+	}
+	o.from = end
+}
+
+// cut leaves chunk[start:end] out.
+func (o *serverOutput) cut(start, end int) {
+	o.place(start)
+	o.from = max(o.from, end)
+}
+
+// insert puts p into the output before chunk[at:]. p is copied.
+func (o *serverOutput) insert(at int, p []byte) {
+	o.place(at)
+	if !o.copying {
+		o.buf = append(o.buf[:0], o.chunk[:o.kept]...)
+		o.copying = true
+	}
+	o.buf = append(o.buf, p...)
+}
+
+// result places chunk[from:end] and returns the output.
+func (o *serverOutput) result(end int) []byte {
+	o.place(end)
+	if o.copying {
+		return o.buf
+	}
+	return o.chunk[:o.kept]
 }
 
 // dropServer ends the session after its linked server connection failed
@@ -735,7 +954,12 @@ func (s *session) releaseLocked(sc *ServerConn) {
 	s.server = nil
 	s.setState(stateIdle)
 	s.mu.Unlock()
-	sc.pool.Release(sc)
+	if err := sc.resetUnknownStatements(sc.pool.settings.Load().rollbackTimeout); err != nil {
+		s.pooler.log.Info("could not reset a server connection's prepared statements; closing it", s.logFields(zap.Error(err))...)
+		sc.pool.Discard(sc)
+	} else {
+		sc.pool.Release(sc)
+	}
 	if s.pooler.draining.Load() {
 		s.endIfIdle()
 	}
@@ -782,6 +1006,11 @@ func (s *session) finish() {
 	probe := s.probeDueLocked()
 	if sc != nil {
 		s.unpinLocked(sc)
+		if s.link.opsPending() {
+			// Replies that returnServer drops without the link: whether
+			// the Parses and Closes in them succeeded is not known.
+			sc.statements.unknown = true
+		}
 	}
 	s.mu.Unlock()
 	if sc != nil {
@@ -870,6 +1099,7 @@ func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, t
 			return
 		}
 		sc.settings = nil
+		sc.statements.clear()
 	} else if probe {
 		result, _, err := sc.probe(customSettingNames(sc.pool, s.settings, sc.settings), nil)
 		if err != nil || result.pins.any() {
@@ -880,6 +1110,11 @@ func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, t
 			return
 		}
 		sc.settings = result.settings
+	}
+	if err := sc.resetUnknownStatements(settings.rollbackTimeout); err != nil {
+		s.pooler.log.Info("could not reset a server connection's prepared statements; closing it", s.logFields(zap.Error(err))...)
+		sc.pool.Discard(sc)
+		return
 	}
 	// A cancel of this client's may still be on its way to the backend;
 	// released now, it could land on the next client's query.

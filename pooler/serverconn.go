@@ -54,6 +54,9 @@ type ServerConn struct {
 	// session (params.go): none when it opens, then what pgtender set on
 	// it or probed. Owned with the connection.
 	settings sessionSettings
+	// statements are the renamed prepared statements this connection's
+	// session holds (prepared.go).
+	statements serverStatements
 
 	pool      *Pool
 	createdAt time.Time

@@ -109,12 +109,30 @@ type session struct {
 	// the transaction for a probe.
 	effectfulStatements bool
 	effectfulUnnamed    bool
+	// textDeallocate is the name of the DEALLOCATE the text followed last
+	// consists of, or nil.
+	textDeallocate []byte
 	// serial names the session for as long as the process runs;
 	// unnamedGeneration counts the unnamed statements it made or lost
-	// (guardUnnamedLocked); injectAt is scratch for it.
+	// (planChunkLocked).
 	serial            uint64
 	unnamedGeneration uint64
-	injectAt          []int
+	// unnamedParse is the client's latest Parse of the unnamed statement,
+	// whole, while its statement lasts (planChunkLocked); empty when
+	// there is none or it was too long to keep.
+	unnamedParse []byte
+	// edits, editBytes, keyScratch and writeBuffers are planChunkLocked's
+	// and writeEdited's scratch, reused from chunk to chunk.
+	edits        []edit
+	editBytes    []byte
+	keyScratch   []byte
+	writeBuffers net.Buffers
+	// serverOut and replyScratch are readServer's scratch (under mu) for
+	// output with pgtender's own replies in it.
+	serverOut    []byte
+	replyScratch []byte
+	// pendingStatements is prepareWithoutServerLocked's scratch.
+	pendingStatements []*preparedStatement
 	user              string
 	database          string
 	pool              *Pool
@@ -164,6 +182,13 @@ type session struct {
 	// startupSettings are the settings of the client's startup packet, as
 	// Postgres spells them; set at login, then read-only.
 	startupSettings sessionSettings
+	// statements are the client's named prepared statements, by the
+	// client's names (truncated as Postgres truncates them), when they are
+	// renamed (prepared.go).
+	statements map[string]*preparedStatement
+	// renaming: the client's named statements are renamed (the pool's
+	// prepared_statements when the client logged in).
+	renaming bool
 
 	bytesReceived atomic.Int64
 	bytesSent     atomic.Int64
@@ -186,6 +211,8 @@ func newSession(p *Pooler, conn *net.TCPConn) *session {
 	s.link.reset()
 	s.cond.L = &s.mu
 	s.scanner.Inspect = inspectClientMessage
+	s.scanner.Whole = wholeClientMessage
+	s.statements = make(map[string]*preparedStatement)
 	return s
 }
 
@@ -425,6 +452,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	s.pool = pool
 	s.mu.Lock()
 	s.mode = pool.settings.Load().mode
+	s.renaming = pool.settings.Load().preparedStatements
 	s.mu.Unlock()
 	ctx, cancel := s.checkoutContext(deadline)
 	params, err := s.poolParameters(ctx, pool, requested)

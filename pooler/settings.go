@@ -226,6 +226,11 @@ func (s *session) probeAtRest(sc *ServerConn) (release bool, err error) {
 	s.mu.Lock()
 	s.probing = false
 	s.cond.Broadcast()
+	if s.woken {
+		// A wake-up (finish, forceClose) came during the probe, whose own
+		// read deadline replaced it: give it again.
+		s.wakeReaderLocked(sc)
+	}
 	if err != nil {
 		return false, fmt.Errorf("probing the session's state: %w", err)
 	}

@@ -68,6 +68,16 @@ type PoolStats struct {
 	// SQL PREPARE).
 	ClientsPinned int
 
+	// PreparedStatements: distinct renamed prepared statements the pool
+	// knows (prepared.go); StatementParses: Parses of them pgtender sent
+	// to server connections (a client's, renamed, or its own before a
+	// Bind or Describe on a connection that lacked the statement);
+	// StatementsEvicted: statements closed on a server connection to stay
+	// within prepared_statements_limit.
+	PreparedStatements int
+	StatementParses    uint64
+	StatementsEvicted  uint64
+
 	ServersActive            int // sv_active: linked, the client's statement or transaction in progress
 	ServersIdle              int // sv_idle: in the pool, ready
 	ServersIdleInTransaction int // sv_idle_xact: linked, the client idle inside a transaction
@@ -101,15 +111,18 @@ func (p *Pooler) PoolStats() []PoolStats {
 		settings := pool.settings.Load()
 		st := &PoolStats{
 			User: pool.key.user, Database: pool.key.database, Mode: settings.mode, Size: settings.size,
-			Transactions:      pool.stats.transactions.Load(),
-			Queries:           pool.stats.queries.Load(),
-			BytesReceived:     pool.stats.bytesReceived.Load(),
-			BytesSent:         pool.stats.bytesSent.Load(),
-			WaitTime:          time.Duration(pool.stats.waitNanos.Load()),
-			ServerConnections: uint64(pool.stats.serverConnects.Load()),
-			CheckoutTimeouts:  uint64(pool.stats.checkoutTimeouts.Load()),
-			CheckoutWait:      pool.stats.checkoutWait.snapshot(),
-			ClientsPinned:     int(pool.stats.pinnedClients.Load()),
+			Transactions:       pool.stats.transactions.Load(),
+			Queries:            pool.stats.queries.Load(),
+			BytesReceived:      pool.stats.bytesReceived.Load(),
+			BytesSent:          pool.stats.bytesSent.Load(),
+			WaitTime:           time.Duration(pool.stats.waitNanos.Load()),
+			ServerConnections:  uint64(pool.stats.serverConnects.Load()),
+			CheckoutTimeouts:   uint64(pool.stats.checkoutTimeouts.Load()),
+			CheckoutWait:       pool.stats.checkoutWait.snapshot(),
+			ClientsPinned:      int(pool.stats.pinnedClients.Load()),
+			PreparedStatements: pool.statements.len(),
+			StatementParses:    pool.stats.statementParses.Load(),
+			StatementsEvicted:  pool.stats.statementsEvicted.Load(),
 		}
 		pool.mu.Lock()
 		st.ServersIdle = len(pool.idle)

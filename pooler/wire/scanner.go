@@ -25,6 +25,12 @@ type Scanner struct {
 	// Inspect says how many leading body bytes of a message of type typ the
 	// caller wants to see in Message.Body (0 = none). Set it once.
 	Inspect func(typ byte) int
+	// Whole says whether a message of type typ and body length length must
+	// be reported whole: only once the chunk holds all of it, with Body the
+	// whole body, aliasing the chunk. Until then it is unreported, and a
+	// caller that holds back UnreportedLen bytes must make room for
+	// PendingLen of them. It takes precedence over Inspect. Set it once.
+	Whole func(typ byte, length int) bool
 
 	hdr         [HeaderLen]byte
 	hdrLen      int // header bytes seen of the current message
@@ -34,7 +40,8 @@ type Scanner struct {
 	body        [maxInspectLen]byte
 	bodyLen     int
 	length      int
-	start       int // offset of the current header in the chunk being scanned (may be negative)
+	whole       bool // the current message is wanted whole and not all seen
+	start       int  // offset of the current header in the chunk being scanned (may be negative)
 }
 
 // Message describes a message the Scanner reached.
@@ -96,6 +103,20 @@ func (s *Scanner) Next(chunk []byte, off int) (int, Message, bool, error) {
 		s.remaining = s.length
 		s.bodyLen = 0
 		s.inspectLeft = 0
+		if s.Whole != nil && s.length > 0 && s.Whole(s.typ, s.length) {
+			if s.length <= len(chunk)-off {
+				body := chunk[off : off+s.length : off+s.length]
+				off += s.length
+				s.remaining = 0
+				return off, Message{Type: s.typ, Length: s.length, Start: s.start, Body: body}, true, nil
+			}
+			// Consumed to the end of the chunk, never reported: the caller
+			// holds it back and scans it again once it has all of it.
+			s.whole = true
+			s.remaining -= len(chunk) - off
+			off = len(chunk)
+			break
+		}
 		if s.Inspect != nil {
 			// Clamped at 0 too: a negative answer must not leave the
 			// message unreported and the scanner never at a boundary.
@@ -117,7 +138,7 @@ func (s *Scanner) message() Message {
 
 // AtBoundary reports whether the stream is between two messages.
 func (s *Scanner) AtBoundary() bool {
-	return s.hdrLen == 0 && s.remaining == 0 && s.inspectLeft == 0
+	return s.hdrLen == 0 && s.remaining == 0 && s.inspectLeft == 0 && !s.whole
 }
 
 // UnreportedLen is the number of bytes at the end of the last chunk that
@@ -126,6 +147,9 @@ func (s *Scanner) AtBoundary() bool {
 // for. A relay that holds them back until the next chunk never forwards
 // part of a message before it has decided what to do with the message.
 func (s *Scanner) UnreportedLen() int {
+	if s.whole {
+		return HeaderLen + s.length - s.remaining
+	}
 	if s.inspectLeft > 0 {
 		return HeaderLen + s.bodyLen
 	}
@@ -135,14 +159,25 @@ func (s *Scanner) UnreportedLen() int {
 // DropUnreported forgets the unreported message, for a caller that keeps
 // those bytes and scans them again at the front of its next chunk.
 func (s *Scanner) DropUnreported() {
+	if s.whole {
+		s.whole, s.remaining = false, 0
+	}
 	if s.inspectLeft > 0 {
 		s.remaining, s.inspectLeft, s.bodyLen = 0, 0, 0
 	}
 	s.hdrLen = 0
 }
 
+// PendingLen is the length, header included, of a message wanted whole
+// (Whole) that the last chunk held only part of; 0 when there is none.
+func (s *Scanner) PendingLen() int {
+	if s.whole {
+		return HeaderLen + s.length
+	}
+	return 0
+}
+
 // Reset puts the scanner back at a message boundary.
 func (s *Scanner) Reset() {
-	inspect := s.Inspect
-	*s = Scanner{Inspect: inspect}
+	*s = Scanner{Inspect: s.Inspect, Whole: s.Whole}
 }

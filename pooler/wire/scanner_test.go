@@ -599,3 +599,50 @@ func BenchmarkScannerServerStream(b *testing.B) {
 		}
 	}
 }
+
+// TestScannerWhole: a message wanted whole is reported only from a chunk
+// that holds all of it, with the whole body; split across reads, the
+// relay's hold-back (UnreportedLen, PendingLen, DropUnreported) brings it
+// together, whatever the split.
+func TestScannerWhole(t *testing.T) {
+	parse := AppendParse(nil, []byte("s1"), []byte("SELECT $1::int"), nil)
+	stream := append(AppendSync(nil), parse...)
+	stream = AppendSync(stream)
+	for split := 1; split < len(stream); split++ {
+		s := Scanner{Whole: func(typ byte, length int) bool { return typ == MsgParse }}
+		var got []string
+		buf := make([]byte, 0, len(stream))
+		input := [][]byte{stream[:split], stream[split:]}
+		for _, part := range input {
+			buf = append(buf, part...)
+			for off := 0; off < len(buf); {
+				var msg Message
+				var ok bool
+				var err error
+				off, msg, ok, err = s.Next(buf, off)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ok {
+					break
+				}
+				got = append(got, fmt.Sprintf("%c:%d", msg.Type, len(msg.Body)))
+				if msg.Type == MsgParse && !bytes.Equal(msg.Body, parse[HeaderLen:]) {
+					t.Fatalf("split %d: body %q", split, msg.Body)
+				}
+			}
+			held := s.UnreportedLen()
+			if need := s.PendingLen(); need != 0 && need != len(parse) {
+				t.Fatalf("split %d: PendingLen %d, want %d", split, need, len(parse))
+			}
+			s.DropUnreported()
+			buf = append(buf[:0], buf[len(buf)-held:]...)
+		}
+		if want := fmt.Sprintf("[S:0 P:%d S:0]", len(parse)-HeaderLen); fmt.Sprint(got) != want {
+			t.Fatalf("split %d: got %v, want %s", split, got, want)
+		}
+		if !s.AtBoundary() {
+			t.Fatalf("split %d: not at a boundary at the end", split)
+		}
+	}
+}

@@ -1,0 +1,253 @@
+package pooler
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler/wire"
+)
+
+// statementsFixture is a pool with one server connection and sessions on
+// it, for planning chunks without sockets.
+type statementsFixture struct {
+	pool   *Pool
+	server *ServerConn
+}
+
+func newStatementsFixture(limit int) *statementsFixture {
+	pool := newPool(poolKey{user: "app", database: "db"}, poolSettings{
+		size: 1, mode: config.PoolerModeTransaction, preparedStatements: true, preparedStatementsLimit: limit,
+	}, func(context.Context) (*ServerConn, error) { return nil, fmt.Errorf("no connects here") })
+	return &statementsFixture{pool: pool, server: &ServerConn{pool: pool}}
+}
+
+func (f *statementsFixture) session() *session {
+	s := &session{pool: f.pool, mode: config.PoolerModeTransaction, renaming: true,
+		statements: make(map[string]*preparedStatement), serial: sessionSerials.Add(1)}
+	s.link.reset()
+	s.scanner.Inspect = inspectClientMessage
+	s.scanner.Whole = wholeClientMessage
+	return s
+}
+
+// plan scans chunk as the relay does and plans it onto the fixture's
+// server connection, returning what would be written and the link's
+// expectations, one letter each ("s" swallowed, "*" answered by
+// pgtender, "r" replaced error).
+func (f *statementsFixture) plan(t *testing.T, s *session, chunk []byte) (written []byte, expected string) {
+	t.Helper()
+	forward, terminate, err := s.scanClientChunk(chunk)
+	if err != nil || terminate || forward != len(chunk) {
+		t.Fatalf("scan: forward %d of %d, terminate %v, err %v", forward, len(chunk), terminate, err)
+	}
+	s.link.reset()
+	edits := s.planChunkLocked(f.server, &s.chunk, chunk)
+	for _, b := range s.editedBuffers(chunk, edits) {
+		written = append(written, b...)
+	}
+	for _, e := range s.link.expected[s.link.head:] {
+		expected += e.kind.String()
+		switch {
+		case e.replaceError:
+			expected += "(r)"
+		case e.synthetic:
+			expected += "(*)"
+		case e.swallow:
+			expected += "(s)"
+		}
+		expected += " "
+	}
+	return written, strings.TrimSpace(expected)
+}
+
+// messages renders a stream of frontend messages as "P(name,query) B(statement) E S ...".
+func messages(t *testing.T, stream []byte) string {
+	t.Helper()
+	var out []string
+	for off := 0; off < len(stream); {
+		typ, length := stream[off], int(stream[off+1])<<24|int(stream[off+2])<<16|int(stream[off+3])<<8|int(stream[off+4])
+		body := stream[off+wire.HeaderLen : off+1+length]
+		off += 1 + length
+		switch typ {
+		case wire.MsgParse:
+			p, err := wire.DecodeParse(body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, fmt.Sprintf("P(%s,%s)", p.Name, p.Query))
+		case wire.MsgBind:
+			_, statement, _, err := wire.BindNames(body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, fmt.Sprintf("B(%s)", statement))
+		case wire.MsgDescribe, wire.MsgClose:
+			kind, name, err := wire.DecodeTarget(body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, fmt.Sprintf("%c(%c%s)", typ, kind, name))
+		default:
+			out = append(out, string(typ))
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+func parseMsg(name, query string) []byte {
+	return wire.AppendParse(nil, []byte(name), []byte(query), nil)
+}
+
+func bindMsg(statement string) []byte {
+	b := wire.AppendBindPrefix(nil, len(statement)+2+6, len(statement)+2, nil, []byte(statement))
+	return append(b, 0, 0, 0, 0, 0, 0) // no formats, no parameters, no result formats
+}
+
+func executeMsg() []byte { return []byte{wire.MsgExecute, 0, 0, 0, 9, 0, 0, 0, 0, 0} }
+
+func concat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+
+// TestPlanRenamesStatements follows two clients' named statements onto one
+// server connection: the first client's Parse is renamed, the second
+// client's Parse of the same text is answered by pgtender, Binds are
+// renamed, a connection that lacks a statement gets its Parse first, a
+// client's Close is answered by pgtender and leaves the statement for the
+// others, and a name the client holds already is refused as Postgres
+// would refuse it.
+func TestPlanRenamesStatements(t *testing.T) {
+	f := newStatementsFixture(0)
+	a, b := f.session(), f.session()
+
+	written, expected := f.plan(t, a, concat(parseMsg("s1", "SELECT 1"), bindMsg("s1"), executeMsg(), wire.AppendSync(nil)))
+	stmt := a.statements["s1"]
+	if stmt == nil {
+		t.Fatal("a's s1 not defined")
+	}
+	name := string(stmt.name)
+	if got, want := messages(t, written), fmt.Sprintf("P(%s,SELECT 1) B(%s) E S", name, name); got != want {
+		t.Errorf("a's first batch written as %s, want %s", got, want)
+	}
+	if want := "Parse Bind Execute Sync"; expected != want {
+		t.Errorf("expected %s, want %s", expected, want)
+	}
+
+	written, expected = f.plan(t, b, concat(parseMsg("other", "SELECT 1"), bindMsg("other"), executeMsg(), wire.AppendSync(nil)))
+	if b.statements["other"] != stmt {
+		t.Fatal("b's statement of the same text is not the pool's")
+	}
+	if got, want := messages(t, written), fmt.Sprintf("B(%s) E S", name); got != want {
+		t.Errorf("b's batch written as %s, want %s", got, want)
+	}
+	if want := "Parse(*) Bind Execute Sync"; expected != want {
+		t.Errorf("expected %s, want %s", expected, want)
+	}
+
+	// The connection loses the statement (evicted by another client,
+	// say): b's next Bind gets the Parse first.
+	f.server.statements.remove(stmt)
+	written, expected = f.plan(t, b, concat(bindMsg("other"), executeMsg(), wire.AppendSync(nil)))
+	if got, want := messages(t, written), fmt.Sprintf("P(%s,SELECT 1) B(%s) E S", name, name); got != want {
+		t.Errorf("b's bind written as %s, want %s", got, want)
+	}
+	if want := "Parse(s) Bind Execute Sync"; expected != want {
+		t.Errorf("expected %s, want %s", expected, want)
+	}
+
+	// a closes s1: answered by pgtender, the server keeps the statement.
+	written, expected = f.plan(t, a, concat(wire.AppendClose(nil, wire.TargetStatement, []byte("s1")), wire.AppendSync(nil)))
+	if got := messages(t, written); got != "S" {
+		t.Errorf("a's close written as %s, want S", got)
+	}
+	if want := "Close(*) Sync"; expected != want {
+		t.Errorf("expected %s, want %s", expected, want)
+	}
+	if _, held := a.statements["s1"]; held || f.server.statements.get(stmt) == nil {
+		t.Errorf("after a's close: a holds s1 %v, server holds it %v; want false, true", held, f.server.statements.get(stmt) != nil)
+	}
+
+	// b prepares "other" again: 42P05, as from Postgres.
+	written, expected = f.plan(t, b, concat(parseMsg("other", "SELECT 2"), wire.AppendSync(nil)))
+	if got, want := messages(t, written), fmt.Sprintf("P(%s,pgtender: refused) S", serverStatementPrefix); got != want {
+		t.Errorf("b's duplicate written as %s, want %s", got, want)
+	}
+	if want := "Parse(r) Sync"; expected != want {
+		t.Errorf("expected %s, want %s", expected, want)
+	}
+
+	// A name the client never prepared that looks like pgtender's.
+	written, _ = f.plan(t, a, concat(bindMsg(name), executeMsg(), wire.AppendSync(nil)))
+	if got, want := messages(t, written), fmt.Sprintf("B(%s) E S", serverStatementPrefix); got != want {
+		t.Errorf("a's bind of another client's server-side name written as %s, want %s", got, want)
+	}
+}
+
+// TestPlanEvictsLeastRecentlyUsed: a connection holding
+// prepared_statements_limit statements gets a Close of the least recently
+// used before another Parse.
+func TestPlanEvictsLeastRecentlyUsed(t *testing.T) {
+	f := newStatementsFixture(2)
+	s := f.session()
+	for i, query := range []string{"SELECT 1", "SELECT 2"} {
+		f.plan(t, s, concat(parseMsg(fmt.Sprint("s", i), query), wire.AppendSync(nil)))
+	}
+	first := s.statements["s0"]
+	f.plan(t, s, concat(bindMsg("s0"), executeMsg(), wire.AppendSync(nil))) // s0 used last
+	second := s.statements["s1"]
+	written, expected := f.plan(t, s, concat(parseMsg("s2", "SELECT 3"), wire.AppendSync(nil)))
+	third := s.statements["s2"]
+	want := fmt.Sprintf("C(S%s) P(%s,SELECT 3) S", second.name, third.name)
+	if got := messages(t, written); got != want {
+		t.Errorf("written %s, want %s", got, want)
+	}
+	if want := "Close(s) Parse Sync"; expected != want {
+		t.Errorf("expected %s, want %s", expected, want)
+	}
+	if f.server.statements.get(second) != nil || f.server.statements.get(first) == nil || f.server.statements.len() != 2 {
+		t.Errorf("server holds the wrong statements after eviction")
+	}
+	if got := f.pool.stats.statementsEvicted.Load(); got != 1 {
+		t.Errorf("statementsEvicted %d, want 1", got)
+	}
+}
+
+// TestServerOutput: what a chunk of server output becomes, with replies
+// cut out and pgtender's inserted, in place when nothing is inserted.
+func TestServerOutput(t *testing.T) {
+	chunk := []byte("aaaBBBcccDDDeee")
+	tests := []struct {
+		name string
+		do   func(o *serverOutput)
+		want string
+	}{
+		{"nothing", func(o *serverOutput) {}, "aaaBBBcccDDDeee"},
+		{"cuts", func(o *serverOutput) { o.cut(3, 6); o.cut(9, 12) }, "aaaccceee"},
+		{"insert at the front", func(o *serverOutput) { o.insert(0, []byte("xy")) }, "xyaaaBBBcccDDDeee"},
+		{"cut and insert in its place", func(o *serverOutput) { o.insert(3, []byte("xy")); o.cut(3, 6) }, "aaaxycccDDDeee"},
+		{"inserts around cuts", func(o *serverOutput) {
+			o.cut(3, 6)
+			o.insert(9, []byte("1"))
+			o.insert(9, []byte("2"))
+			o.cut(9, 12)
+			o.insert(15, []byte("!"))
+		}, "aaaccc12eee!"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := serverOutput{chunk: bytes.Clone(chunk)}
+			tt.do(&o)
+			if got := string(o.result(len(chunk))); got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+	// The end of a chunk held back (a partial header) is never output.
+	o := serverOutput{chunk: bytes.Clone(chunk)}
+	o.cut(3, 6)
+	if got := string(o.result(len(chunk) - 2)); got != "aaacccDDDe" {
+		t.Errorf("held back: got %q", got)
+	}
+}
