@@ -16,6 +16,7 @@ type Source interface {
 	ClientCount() int64
 	ListenSockets() []pooler.ListenSocket
 	PassthroughVerifications() pooler.PassthroughVerifications
+	CancelRequests() pooler.CancelRequests
 }
 
 var _ Source = (*pooler.Pooler)(nil)
@@ -45,6 +46,7 @@ type Collector struct {
 	checkoutWait  *prometheus.Desc
 	clients       *prometheus.Desc
 	verifications *prometheus.Desc
+	cancels       *prometheus.Desc
 
 	queueLength, queueCapacity *prometheus.Desc
 	overflows, drops           *prometheus.Desc
@@ -126,6 +128,11 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 			"What the passthrough registry did with a password it had not verified: a round trip to Postgres (result ok, rejected, error), "+
 				"none because a failed-verification limit was reached (throttled), or a refusal from the negative cache (cached_rejection).",
 			[]string{"result"}, nil),
+		cancels: prometheus.NewDesc(namespace+"cancel_requests_total",
+			"CancelRequests received, by what became of them: forwarded to the backend serving the client (forwarded), "+
+				"none sent because the client had no server connection (no_server), forwarding failed (error), "+
+				"or dropped because the key named no live client (unknown_key).",
+			[]string{"result"}, nil),
 
 		queueLength: prometheus.NewDesc(namespace+"listen_queue_length",
 			"Connections in a listening socket's accept queue: handshake completed, not yet accepted by pgtender (TCP_INFO tcpi_unacked). "+
@@ -154,6 +161,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.checkoutWait
 	ch <- c.clients
 	ch <- c.verifications
+	ch <- c.cancels
 	ch <- c.queueLength
 	ch <- c.queueCapacity
 	ch <- c.overflows
@@ -165,17 +173,34 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.clients, prometheus.GaugeValue, float64(c.source.ClientCount()))
 	c.collectPools(ch)
 	c.collectVerifications(ch)
+	c.collectCancels(ch)
 	c.collectListenQueues(ch)
 	c.collectNetstat(ch)
 }
 
 func (c *Collector) collectVerifications(ch chan<- prometheus.Metric) {
 	v := c.source.PassthroughVerifications()
-	for _, r := range [...]struct {
-		result string
-		n      uint64
-	}{{"ok", v.OK}, {"rejected", v.Rejected}, {"error", v.Error}, {"throttled", v.Throttled}, {"cached_rejection", v.CachedRejection}} {
-		ch <- prometheus.MustNewConstMetric(c.verifications, prometheus.CounterValue, float64(r.n), r.result)
+	collectResults(ch, c.verifications, []resultCount{{"ok", v.OK}, {"rejected", v.Rejected}, {"error", v.Error},
+		{"throttled", v.Throttled}, {"cached_rejection", v.CachedRejection}})
+}
+
+func (c *Collector) collectCancels(ch chan<- prometheus.Metric) {
+	v := c.source.CancelRequests()
+	collectResults(ch, c.cancels, []resultCount{{"forwarded", v.Forwarded}, {"no_server", v.NoServer},
+		{"error", v.Error}, {"unknown_key", v.UnknownKey}})
+}
+
+// resultCount is one series of a counter labelled result.
+type resultCount struct {
+	result string
+	n      uint64
+}
+
+// collectResults sends every series of a counter labelled result, zeros
+// included, so each exists from the first scrape.
+func collectResults(ch chan<- prometheus.Metric, desc *prometheus.Desc, counts []resultCount) {
+	for _, r := range counts {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(r.n), r.result)
 	}
 }
 

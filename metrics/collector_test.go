@@ -24,6 +24,7 @@ type fakeSource struct {
 	clients       int64
 	sockets       []pooler.ListenSocket
 	verifications pooler.PassthroughVerifications
+	cancels       pooler.CancelRequests
 }
 
 func (f *fakeSource) PoolStats() []pooler.PoolStats {
@@ -42,6 +43,12 @@ func (f *fakeSource) PassthroughVerifications() pooler.PassthroughVerifications 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.verifications
+}
+
+func (f *fakeSource) CancelRequests() pooler.CancelRequests {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cancels
 }
 
 func (f *fakeSource) ListenSockets() []pooler.ListenSocket {
@@ -167,22 +174,30 @@ func TestCollectorPools(t *testing.T) {
 	}
 }
 
-// TestCollectorPassthroughVerifications checks that every result of the
-// passthrough verification counter is served, as a counter, from the start.
-func TestCollectorPassthroughVerifications(t *testing.T) {
-	source := &fakeSource{verifications: pooler.PassthroughVerifications{OK: 3, Rejected: 5, Error: 1, Throttled: 40}}
+// TestCollectorResultCounters checks that every result of the passthrough
+// verification and cancel request counters is served, as a counter, from
+// the start.
+func TestCollectorResultCounters(t *testing.T) {
+	source := &fakeSource{
+		verifications: pooler.PassthroughVerifications{OK: 3, Rejected: 5, Error: 1, Throttled: 40},
+		cancels:       pooler.CancelRequests{Forwarded: 7, UnknownKey: 2},
+	}
 	collector := NewCollector("pgdog_", source, nil)
 	collector.netstatPath = "/nonexistent"
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collector)
 	families := scrapeFamilies(t, registry)
-	const name = "pgdog_passthrough_verifications_total"
-	if typ := typeOf(t, families, name); typ != dto.MetricType_COUNTER {
-		t.Errorf("%s is a %s, want a counter", name, typ)
-	}
-	for result, want := range map[string]float64{"ok": 3, "rejected": 5, "error": 1, "throttled": 40, "cached_rejection": 0} {
-		if v := value(t, families, name, labels("result", result)); v != want {
-			t.Errorf("%s{result=%s} = %v, want %v", name, result, v, want)
+	for name, results := range map[string]map[string]float64{
+		"pgdog_passthrough_verifications_total": {"ok": 3, "rejected": 5, "error": 1, "throttled": 40, "cached_rejection": 0},
+		"pgdog_cancel_requests_total":           {"forwarded": 7, "no_server": 0, "error": 0, "unknown_key": 2},
+	} {
+		if typ := typeOf(t, families, name); typ != dto.MetricType_COUNTER {
+			t.Errorf("%s is a %s, want a counter", name, typ)
+		}
+		for result, want := range results {
+			if v := value(t, families, name, labels("result", result)); v != want {
+				t.Errorf("%s{result=%s} = %v, want %v", name, result, v, want)
+			}
 		}
 	}
 }

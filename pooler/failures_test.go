@@ -274,6 +274,9 @@ func TestCancelRoutedToLinkedBackend(t *testing.T) {
 	if cancels := h.fake.cancelList(); len(cancels) != 0 {
 		t.Fatalf("a cancel from a client without a server reached the fake: %+v", cancels)
 	}
+	if got := h.p.CancelRequests(); got != (CancelRequests{NoServer: 1}) {
+		t.Errorf("after the idle client's cancel: counters %+v, want NoServer 1", got)
+	}
 	if err := a.CancelRequest(ctx); err != nil {
 		t.Fatalf("CancelRequest: %v", err)
 	}
@@ -283,6 +286,9 @@ func TestCancelRoutedToLinkedBackend(t *testing.T) {
 	}
 	if cancels := h.fake.cancelList(); len(cancels) != 1 || cancels[0].PID != server.pid || !cancels[0].Matched {
 		t.Errorf("cancel requests %+v, want one for backend %d with its secret", cancels, server.pid)
+	}
+	if got := h.p.CancelRequests(); got != (CancelRequests{Forwarded: 1, NoServer: 1}) {
+		t.Errorf("counters %+v, want Forwarded 1, NoServer 1", got)
 	}
 	if pid := mustWhoami(t, a); pid == 0 {
 		t.Error("client A unusable after the cancel")

@@ -51,12 +51,15 @@ type Pooler struct {
 
 	sessionsMu sync.Mutex
 	sessions   map[uint32]*session // every session, by its BackendKeyData process id
+	keys       keySource           // draws those process ids and secrets; guarded by sessionsMu
+
+	cancels          cancelCounters
+	unknownCancelLog logSampler // CancelRequests whose key matched no client
 
 	listeners    []*net.TCPListener
 	connectSlots chan struct{} // semaphore of maxConcurrentServerConnects
 	loginSlots   *loginSlots   // login admission control (admission.go)
 
-	nextProcessID    atomic.Uint32
 	clientCount      atomic.Int64
 	draining         atomic.Bool
 	done             chan struct{}   // closed by Shutdown; stops background loops
@@ -104,6 +107,8 @@ func New(cfg *config.Config, log *zap.Logger, recorder LoginRecorder) (*Pooler, 
 		databaseHealth: make(map[string]*databaseHealth),
 		connectSlots:   make(chan struct{}, maxConcurrentServerConnects),
 		done:           make(chan struct{}),
+		// At most about one line a second.
+		unknownCancelLog: logSampler{interval: time.Second},
 	}
 	p.verify = p.verifyPassthrough
 	p.clientTLS = p.clientTLSConfig()
@@ -270,17 +275,36 @@ func (p *Pooler) sessionCount() int {
 func (p *Pooler) serveConn(conn *net.TCPConn) {
 	defer p.wg.Done()
 	s := newSession(p, conn)
-	p.sessionsMu.Lock()
-	p.sessions[s.processID] = s
-	p.sessionsMu.Unlock()
+	p.registerSession(s)
 	p.clientCount.Add(1)
 	defer func() {
 		p.clientCount.Add(-1)
-		p.sessionsMu.Lock()
-		delete(p.sessions, s.processID)
-		p.sessionsMu.Unlock()
+		p.unregisterSession(s)
 	}()
 	s.serve()
+}
+
+// registerSession gives s its BackendKeyData, a process id no other live
+// session has and a secret (cancel.go), and adds it to p.sessions.
+func (p *Pooler) registerSession(s *session) {
+	p.sessionsMu.Lock()
+	defer p.sessionsMu.Unlock()
+	for {
+		s.processID = p.keys.processID()
+		if _, taken := p.sessions[s.processID]; !taken {
+			break
+		}
+	}
+	s.secret = p.keys.uint32()
+	p.sessions[s.processID] = s
+}
+
+// unregisterSession removes s from p.sessions; its process id may be drawn
+// again from then on.
+func (p *Pooler) unregisterSession(s *session) {
+	p.sessionsMu.Lock()
+	delete(p.sessions, s.processID)
+	p.sessionsMu.Unlock()
 }
 
 // poolFor returns the pool of (user, database), creating it on first use.

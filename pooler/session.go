@@ -2,11 +2,9 @@ package pooler
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"runtime/debug"
@@ -86,8 +84,10 @@ type session struct {
 	// goroutines use it only under wmu.
 	tcp       *net.TCPConn
 	conn      net.Conn
-	encrypted bool   // TLS was negotiated; owned by the serve goroutine
-	processID uint32 // pgtender's BackendKeyData for this client
+	encrypted bool // TLS was negotiated; owned by the serve goroutine
+	// processID and secret are the client's BackendKeyData (cancel.go),
+	// set when the session is registered and read-only after.
+	processID uint32
 	secret    uint32
 	state     atomic.Int32
 	loggedIn  atomic.Bool
@@ -203,8 +203,6 @@ func newSession(p *Pooler, conn *net.TCPConn) *session {
 		pooler:      p,
 		tcp:         conn,
 		conn:        conn,
-		processID:   p.nextProcessID.Add(1),
-		secret:      rand.Uint32(),
 		connectedAt: time.Now(),
 		serial:      sessionSerials.Add(1),
 	}
@@ -381,7 +379,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 			}
 			continue
 		case wire.CancelRequest:
-			p.cancelRequest(startup.CancelProcessID, startup.CancelSecret)
+			p.cancelRequest(s.tcp.RemoteAddr(), startup.CancelProcessID, startup.CancelSecret)
 			return errCancelRequest
 		}
 		break
@@ -671,52 +669,6 @@ func (a authConn) Receive() (byte, []byte, error) {
 		a.s.bytesReceived.Add(int64(len(body) + wire.HeaderLen))
 	}
 	return typ, body, err
-}
-
-// cancelRequest forwards a client's CancelRequest to the Postgres backend
-// linked to that client now, and to nothing else.
-func (p *Pooler) cancelRequest(processID uint32, secret []byte) {
-	p.sessionsMu.Lock()
-	target := p.sessions[processID]
-	p.sessionsMu.Unlock()
-	if target == nil || !target.loggedIn.Load() || len(secret) != 4 {
-		return
-	}
-	want := [4]byte{byte(target.secret >> 24), byte(target.secret >> 16), byte(target.secret >> 8), byte(target.secret)}
-	if subtle.ConstantTimeCompare(want[:], secret) != 1 {
-		return
-	}
-	target.mu.Lock()
-	sc := target.server
-	if sc == nil || target.closing {
-		target.mu.Unlock()
-		return
-	}
-	// Hold the link until Postgres has taken the cancel in: released now,
-	// the backend could start another client's query before the cancel
-	// lands and cancel that instead. Postgres signals the backend before it
-	// closes the cancel connection, and a backend that gets the signal
-	// while waiting for a command drops it.
-	target.cancelsInFlight++
-	address, serverPID, serverSecret := sc.address, sc.processID, sc.secretKey
-	target.mu.Unlock()
-
-	ctx, cancel := context.WithTimeout(p.ctx, p.state.Load().cfg.General.ConnectTimeout.Duration())
-	err := sendCancel(ctx, address, serverPID, serverSecret)
-	cancel()
-	if err != nil {
-		p.log.Warn("could not forward a cancel request", zap.Uint32("client_id", processID), zap.Error(err))
-	}
-
-	target.mu.Lock()
-	target.cancelsInFlight--
-	if target.cancelsInFlight == 0 {
-		target.cond.Broadcast() // returnServer may be waiting
-		if target.server == sc && target.mayReleaseLocked() {
-			target.wakeReaderLocked(sc)
-		}
-	}
-	target.mu.Unlock()
 }
 
 // remoteIP is the IP of a TCP peer, for the per-address limit on failed

@@ -1,0 +1,191 @@
+package pooler
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// TestCancelKeysOfLiveClients registers 10,000 sessions and checks every
+// process id is above any Linux pid, positive as an int32, and unique.
+func TestCancelKeysOfLiveClients(t *testing.T) {
+	const clients = 10_000
+	p := &Pooler{sessions: make(map[uint32]*session)}
+	secrets := make(map[uint32]bool, clients)
+	for range clients {
+		s := &session{}
+		p.registerSession(s)
+		if s.processID <= maxLinuxPID || s.processID > math.MaxInt32 || int32(s.processID) <= 0 {
+			t.Fatalf("process id %d outside (%d, %d]", s.processID, maxLinuxPID, math.MaxInt32)
+		}
+		secrets[s.secret] = true
+	}
+	if n := len(p.sessions); n != clients {
+		t.Fatalf("%d distinct process ids among %d live sessions", n, clients)
+	}
+	// 10,000 draws of 32 random bits all but never repeat; a constant or
+	// counting secret would.
+	if len(secrets) < clients-5 {
+		t.Errorf("%d distinct secrets among %d sessions: not random", len(secrets), clients)
+	}
+}
+
+// TestCancelKeysRedrawn scripts the random bytes: draws at or below
+// maxLinuxPID (the top bit aside) and an id a live session holds are
+// drawn again, and the largest id is taken.
+func TestCancelKeysRedrawn(t *testing.T) {
+	words := []uint32{
+		1,               // below the bound
+		0x8000_1000,     // below once the sign bit is dropped
+		maxLinuxPID,     // the bound itself
+		maxLinuxPID + 1, // the first session's id
+		0xaa,            // and its secret
+		maxLinuxPID + 1, // taken: drawn again
+		0xffff_ffff,     // the second session's id, math.MaxInt32 without the sign bit
+		0xbb,            // and its secret
+	}
+	p := &Pooler{sessions: make(map[uint32]*session)}
+	fills := 0
+	p.keys.fill = func(b []byte) {
+		if fills++; fills > 1 {
+			t.Fatal("random bytes read again: every draw here is scripted")
+		}
+		clear(b)
+		for i, w := range words {
+			binary.BigEndian.PutUint32(b[4*i:], w)
+		}
+	}
+	first, second := &session{}, &session{}
+	p.registerSession(first)
+	p.registerSession(second)
+	if first.processID != maxLinuxPID+1 || first.secret != 0xaa {
+		t.Errorf("first session got (%d, %#x), want (%d, 0xaa)", first.processID, first.secret, maxLinuxPID+1)
+	}
+	if second.processID != math.MaxInt32 || second.secret != 0xbb {
+		t.Errorf("second session got (%d, %#x), want (%d, 0xbb)", second.processID, second.secret, math.MaxInt32)
+	}
+}
+
+// TestLogSampler: one line per interval, and the line after a quiet
+// stretch counts the events held back, itself included.
+func TestLogSampler(t *testing.T) {
+	l := logSampler{interval: time.Second}
+	start := time.Unix(1_000_000, 0)
+	for _, step := range []struct {
+		at     time.Duration
+		due    bool
+		events uint64
+	}{
+		{0, true, 1},
+		{100 * time.Millisecond, false, 0},
+		{999 * time.Millisecond, false, 0},
+		{time.Second, true, 3},
+		{1500 * time.Millisecond, false, 0},
+		{5 * time.Second, true, 2},
+	} {
+		events, due := l.take(start.Add(step.at))
+		if due != step.due || events != step.events {
+			t.Errorf("at %v: take = (%d, %v), want (%d, %v)", step.at, events, due, step.events, step.due)
+		}
+	}
+
+	// Many goroutines at one instant: one line among them.
+	l = logSampler{interval: time.Second}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	lines := 0
+	for range 50 {
+		wg.Go(func() {
+			if _, due := l.take(start); due {
+				mu.Lock()
+				lines++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if lines != 1 {
+		t.Errorf("%d lines for 50 events in one instant, want 1", lines)
+	}
+}
+
+// TestCancelWithUnknownKeyCancelsNothing: CancelRequests with the running
+// client's process id and a wrong secret, with its secret and another id,
+// and with a secret of another length (protocol 3.2) are dropped: the
+// query goes on, nothing reaches Postgres, and each is counted.
+func TestCancelWithUnknownKeyCancelsNothing(t *testing.T) {
+	h := newHarness(t, nil)
+	a := h.connect()
+	sleepErr := goExec(t, a, "SLEEP")
+	waitFor(t, "SLEEP to start", func() bool { return h.fake.sleeper() != nil })
+
+	pid := a.PID()
+	secret := binary.BigEndian.Uint32(a.SecretKey())
+	var wrong [4]byte
+	binary.BigEndian.PutUint32(wrong[:], secret+1)
+	for i, req := range []*pgproto3.CancelRequest{
+		{ProcessID: pid, SecretKey: wrong[:]},
+		{ProcessID: pid + 1, SecretKey: a.SecretKey()},
+		{ProcessID: pid, SecretKey: append(a.SecretKey(), make([]byte, 28)...)},
+	} {
+		conn := h.dial()
+		writeRaw(t, conn, encodeMsgs(t, req))
+		expectEOF(t, conn) // the request is read whole before the close
+		conn.Close()
+		if got := h.p.CancelRequests(); got != (CancelRequests{UnknownKey: uint64(i + 1)}) {
+			t.Fatalf("after request %d: counters %+v, want UnknownKey %d only", i+1, got, i+1)
+		}
+	}
+	if n := h.fake.cancelArrivalCount(); n != 0 {
+		t.Fatalf("%d cancel requests reached Postgres, want none", n)
+	}
+	if !notYet(sleepErr) {
+		t.Fatalf("the query ended: %v", <-sleepErr)
+	}
+
+	// The right key still works, so the query was running all along.
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := a.CancelRequest(ctx); err != nil {
+		t.Fatalf("CancelRequest: %v", err)
+	}
+	if err := recvWithin(t, sleepErr, "the canceled query"); pgErrorCode(err) != "57014" {
+		t.Fatalf("canceled query: %v, want SQLSTATE 57014", err)
+	}
+	if got := h.p.CancelRequests(); got != (CancelRequests{Forwarded: 1, UnknownKey: 3}) {
+		t.Errorf("counters %+v, want Forwarded 1, UnknownKey 3", got)
+	}
+}
+
+// BenchmarkRegisterSession measures what a login pays for its
+// BackendKeyData: drawing a process id and a secret and registering the
+// session among 10,000 live ones (and leaving again).
+func BenchmarkRegisterSession(b *testing.B) {
+	p := &Pooler{sessions: make(map[uint32]*session)}
+	for range 10_000 {
+		p.registerSession(&session{})
+	}
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		s := &session{}
+		for b.Loop() {
+			p.registerSession(s)
+			p.unregisterSession(s)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			s := &session{}
+			for pb.Next() {
+				p.registerSession(s)
+				p.unregisterSession(s)
+			}
+		})
+	})
+}
