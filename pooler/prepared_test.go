@@ -251,3 +251,116 @@ func TestServerOutput(t *testing.T) {
 		t.Errorf("held back: got %q", got)
 	}
 }
+
+// FuzzPlanChunk drives two sessions' chunks, built from the fuzzer's bytes
+// out of the messages drivers send (Parse, Bind, Describe, Close of named
+// and unnamed statements, Execute, Sync, Flush, Query with DEALLOCATE),
+// through scanning and planning onto one server connection, and checks
+// what must always hold: no panic; what is written is a well-formed
+// message stream with no client name of a renamed statement left in it;
+// every message the link expects a reply to was written or is answered by
+// pgtender; and the server connection never holds more than its limit.
+func FuzzPlanChunk(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 6, 0x10, 3, 6, 4, 6})
+	f.Add([]byte{0, 0, 1, 7, 5, 6, 2, 2, 6, 8, 6})
+	f.Add([]byte{0, 9, 1, 6, 0x11, 2, 6, 0x12, 6})
+	f.Fuzz(func(t *testing.T, script []byte) {
+		fx := newStatementsFixture(2)
+		sessions := []*session{fx.session(), fx.session()}
+		names := []string{"s0", "s1", "pgtender_1", ""}
+		queries := []string{"SELECT 1", "SELECT 2", "SELECT $1::int"}
+		var chunk []byte
+		who := 0
+		flush := func() {
+			if len(chunk) == 0 {
+				return
+			}
+			s := sessions[who]
+			written, _ := fx.plan(t, s, chunk)
+			checkWritten(t, written)
+			if n := fx.server.statements.len(); n > 2 {
+				t.Fatalf("server holds %d statements, limit 2", n)
+			}
+			// Every request answered ok: settle the link as the replies
+			// would, so the next chunk starts at rest.
+			for _, e := range s.link.expected[s.link.head:] {
+				s.link.settle(&e, true)
+			}
+			s.applySettledLocked()
+			chunk = chunk[:0]
+		}
+		for i, op := range script {
+			arg := int(op >> 4)
+			name := names[arg%len(names)]
+			switch op & 0x0f {
+			case 0:
+				chunk = append(chunk, parseMsg(name, queries[(arg+i)%len(queries)])...)
+			case 1:
+				chunk = append(chunk, bindMsg(name)...)
+			case 2:
+				chunk = append(chunk, wire.AppendDescribe(nil, wire.TargetStatement, []byte(name))...)
+			case 3:
+				chunk = append(chunk, wire.AppendClose(nil, wire.TargetStatement, []byte(name))...)
+			case 4:
+				chunk = append(chunk, executeMsg()...)
+			case 5:
+				chunk = append(chunk, wire.AppendFlush(nil)...)
+			case 6:
+				chunk = wire.AppendSync(chunk)
+				flush()
+			case 7:
+				chunk = wire.AppendQuery(chunk, "DEALLOCATE "+name)
+			case 8:
+				chunk = wire.AppendQuery(chunk, "DEALLOCATE ALL")
+			case 9:
+				flush()
+				who = 1 - who
+			}
+		}
+		flush()
+	})
+}
+
+// checkWritten fails t unless written is whole messages in which no Parse
+// or Close names a statement by a client's name: when renaming, pgtender
+// renames every named Parse and answers every Close of a statement itself.
+// (A Bind or Describe keeps a name the client never prepared, for Postgres
+// to refuse.)
+func checkWritten(t *testing.T, written []byte) {
+	t.Helper()
+	for off := 0; off < len(written); {
+		if len(written)-off < wire.HeaderLen {
+			t.Fatalf("written stream ends inside a header: %q", written[off:])
+		}
+		length := int(written[off+1])<<24 | int(written[off+2])<<16 | int(written[off+3])<<8 | int(written[off+4])
+		if length < 4 || off+1+length > len(written) {
+			t.Fatalf("bad length %d at %d of %d", length, off, len(written))
+		}
+		typ, body := written[off], written[off+wire.HeaderLen:off+1+length]
+		off += 1 + length
+		var name []byte
+		switch typ {
+		case wire.MsgParse:
+			p, err := wire.DecodeParse(body)
+			if err != nil {
+				t.Fatalf("written Parse: %v", err)
+			}
+			name = p.Name
+		case wire.MsgBind:
+			if _, _, _, err := wire.BindNames(body); err != nil {
+				t.Fatalf("written Bind: %v", err)
+			}
+		case wire.MsgDescribe, wire.MsgClose:
+			kind, target, err := wire.DecodeTarget(body)
+			if err != nil {
+				t.Fatalf("written %c: %v", typ, err)
+			}
+			if typ == wire.MsgClose && kind == wire.TargetStatement {
+				name = target
+			}
+		}
+		if len(name) > 0 && !bytes.HasPrefix(name, []byte(serverStatementPrefix)) {
+			t.Fatalf("written %c names %q, a client's name", typ, name)
+		}
+	}
+}
