@@ -766,6 +766,9 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) ([]byte, e
 			// a function where its text did not show it.
 			s.settingsMayHaveChanged = true
 		}
+		if msg.Type == wire.MsgParameterStatus {
+			sc.noteParameterStatus(msg.Body) // news for the pool's logins (serverparams.go)
+		}
 	}
 	forwardEnd := len(chunk) - sc.scanner.UnreportedLen()
 	if sc.scanner.UnreportedLen() > 0 || sc.scanner.AtBoundary() {

@@ -369,6 +369,8 @@ func (sc *ServerConn) drain(pending int, deadline time.Time) (txStatus byte, fai
 			switch msg.Type {
 			case wire.MsgErrorResponse:
 				failed = true
+			case wire.MsgParameterStatus:
+				sc.noteParameterStatus(msg.Body)
 			case wire.MsgCopyInResponse, wire.MsgCopyBothResponse:
 				return 0, failed, errCopyWithoutClient
 			case wire.MsgReadyForQuery:
