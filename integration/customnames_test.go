@@ -109,6 +109,25 @@ func TestCustomSettingsFollowTheClient(t *testing.T) {
 	c.unset("app.tenant2")
 	c.unset("app.tenant3")
 	b.unset("app.tenant2")
+
+	// A named prepared statement (pgx's statement cache) that sets one,
+	// run again from the cache with another value.
+	cc, err := pgx.ParseConfig(tp.connString(appUser, appPassword, appDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	d := &customClient{t: t, ctx: ctx, name: "D", conn: conn}
+	for _, value := range []string{"1", "2"} {
+		d.exec("SELECT set_config('app.tenant4', $1, false)", value)
+		b.unset("app.tenant4")
+		d.sees("app.tenant4", value)
+	}
 }
 
 // TestCustomSettingUnknownNamePins: set_config with a name the text does
