@@ -88,7 +88,7 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 				func(s *pooler.PoolStats) float64 { return float64(s.ClientsActive) }),
 			gauge("cl_waiting", "Clients waiting for a server connection.",
 				func(s *pooler.PoolStats) float64 { return float64(s.ClientsWaiting) }),
-			gauge("cl_pinned", "Clients whose server connection is pinned to them in transaction mode: their session holds a LISTEN, an advisory lock, a temporary table, a WITH HOLD cursor or a SQL PREPAREd statement.",
+			gauge("cl_pinned", "Clients whose server connection is pinned to them in transaction mode: their session holds a LISTEN, an advisory lock, a temporary table, a WITH HOLD cursor, a SQL PREPAREd statement, or a custom parameter set under a name pgtender cannot see.",
 				func(s *pooler.PoolStats) float64 { return float64(s.ClientsPinned) }),
 			gauge("prepared_statements", "Distinct prepared statements of the pool's clients, renamed to pool-wide names (prepared_statements = \"extended\").",
 				func(s *pooler.PoolStats) float64 { return float64(s.PreparedStatements) }),

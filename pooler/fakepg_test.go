@@ -38,6 +38,9 @@ type fakePG struct {
 	holdCancels    bool // CancelRequests wait for openGate("cancels")
 	gates          map[string]chan struct{}
 	closed         bool
+	// reported are ParameterStatus values that connections opened from
+	// now on report at login, over the defaults (setReported).
+	reported map[string]string
 }
 
 // fakeCancel is a CancelRequest the fake acted on.
@@ -202,6 +205,17 @@ func (f *fakePG) cancelList() []fakeCancel {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]fakeCancel(nil), f.cancels...)
+}
+
+// setReported makes connections opened from now on report value for the
+// parameter name at login, as a server whose configuration changed would.
+func (f *fakePG) setReported(name, value string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.reported == nil {
+		f.reported = make(map[string]string)
+	}
+	f.reported[name] = value
 }
 
 // kill closes the server side of connection pid, as a crashed or
@@ -395,16 +409,22 @@ func (c *fakeConn) authenticate() bool {
 		}
 	}
 	c.be.Send(&pgproto3.AuthenticationOk{})
-	for _, p := range [][2]string{
-		{"server_version", "16.4"},
-		{"server_encoding", "UTF8"},
-		{"client_encoding", "UTF8"},
-		{"DateStyle", "ISO, MDY"},
-		{"integer_datetimes", "on"},
-		{"standard_conforming_strings", "on"},
-		{"TimeZone", "UTC"},
-	} {
-		c.be.Send(&pgproto3.ParameterStatus{Name: p[0], Value: p[1]})
+	reported := map[string]string{
+		"server_version":              "16.4",
+		"server_encoding":             "UTF8",
+		"client_encoding":             "UTF8",
+		"DateStyle":                   "ISO, MDY",
+		"integer_datetimes":           "on",
+		"standard_conforming_strings": "on",
+		"TimeZone":                    "UTC",
+	}
+	c.f.mu.Lock()
+	for name, value := range c.f.reported {
+		reported[name] = value
+	}
+	c.f.mu.Unlock()
+	for name, value := range reported {
+		c.be.Send(&pgproto3.ParameterStatus{Name: name, Value: value})
 	}
 	secret := make([]byte, 4)
 	binary.BigEndian.PutUint32(secret, c.secret)
@@ -570,6 +590,7 @@ func (c *fakeConn) row(simple bool, column, value string) {
 //	GATE <name>       waits for openGate(name), then one row "gate"
 //	HOLD <a> <b>      waits for gate a, answers (flushing), then reads
 //	                  nothing more until gate b opens
+//	REPORT <n> <v>    ParameterStatus n = v, as a server reports a change
 //	COPY IN           COPY FROM STDIN: CopyInResponse, then CopyData up to
 //	                  CopyDone (Sync and Flush ignored meanwhile, as
 //	                  Postgres ignores them), "COPY <n>"
@@ -597,6 +618,10 @@ func (c *fakeConn) run(sql string, simple bool) bool {
 	case sql == "DISCARD ALL":
 		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("DISCARD ALL")})
 	case word == "SET":
+		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SET")})
+	case word == "REPORT":
+		name, value, _ := strings.Cut(rest, " ")
+		c.be.Send(&pgproto3.ParameterStatus{Name: name, Value: value})
 		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SET")})
 	case word == "SELECT":
 		c.row(simple, "?column?", rest)

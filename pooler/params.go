@@ -32,8 +32,22 @@ type sessionSettings map[string]setting
 type setting struct{ name, value string }
 
 // settingKey is the key of name in a sessionSettings: parameter names are
-// case-insensitive.
-func settingKey(name string) string { return strings.ToLower(name) }
+// compared without regard to the case of ASCII letters, and only of those
+// (guc_name_compare in src/backend/utils/misc/guc.c).
+func settingKey(name string) string {
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c >= 'A' && c <= 'Z' {
+			folded := []byte(name)
+			for j := i; j < len(folded); j++ {
+				if c := folded[j]; c >= 'A' && c <= 'Z' {
+					folded[j] = c + 'a' - 'A'
+				}
+			}
+			return string(folded)
+		}
+	}
+	return name
+}
 
 func (s sessionSettings) set(name, value string) {
 	s[settingKey(name)] = setting{name: name, value: value}
@@ -126,9 +140,20 @@ func quoteParameterName(name string) string {
 	return strings.Join(parts, ".")
 }
 
-// quoteLiteral quotes s as a standard SQL string literal.
+// quoteLiteral quotes s as an SQL string literal that reads the same
+// whatever the session's standard_conforming_strings. pgtender's queries
+// run in sessions whose settings a client chose; with the setting off, a
+// backslash in a plain '...' literal starts an escape, so that a value
+// ending in a backslash would take the closing quote as its own. A value
+// with a backslash is therefore written as an escape string, E'...', which
+// takes backslash escapes either way, each backslash doubled (the
+// documentation's "String Constants with C-Style Escapes").
 func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	quoted := strings.ReplaceAll(s, "'", "''")
+	if !strings.Contains(s, `\`) {
+		return "'" + quoted + "'"
+	}
+	return "E'" + strings.ReplaceAll(quoted, `\`, `\\`) + "'"
 }
 
 // reportedParameters are the settings a client may change that Postgres

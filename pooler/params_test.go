@@ -91,3 +91,29 @@ func TestParameterStatusName(t *testing.T) {
 		t.Errorf("name of a cut body = %q, want none", got)
 	}
 }
+
+func TestQuoteLiteral(t *testing.T) {
+	for value, want := range map[string]string{
+		"plain":   `'plain'`,
+		"it's":    `'it''s'`,
+		`a\b`:     `E'a\\b'`,
+		`tail\`:   `E'tail\\'`,
+		`x\'; --`: `E'x\\''; --'`,
+		"":        `''`,
+	} {
+		if got := quoteLiteral(value); got != want {
+			t.Errorf("quoteLiteral(%q) = %s, want %s", value, got, want)
+		}
+	}
+}
+
+func TestSettingKey(t *testing.T) {
+	for name, want := range map[string]string{
+		"search_path": "search_path", "TimeZone": "timezone", "App.Tenant": "app.tenant",
+		"Été.X": "Été.x", // only ASCII letters fold, as in Postgres
+	} {
+		if got := settingKey(name); got != want {
+			t.Errorf("settingKey(%q) = %q, want %q", name, got, want)
+		}
+	}
+}

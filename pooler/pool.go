@@ -54,7 +54,11 @@ type Pool struct {
 	total   int           // open connections plus those being opened
 	closed  bool
 
-	params atomic.Pointer[[]serverParameter] // ParameterStatus set sent to clients at login
+	// params is the ParameterStatus set sent to clients at login, as the
+	// server connections opened last reported it (serverparams.go);
+	// paramsMu serialises its writers.
+	params   atomic.Pointer[[]serverParameter]
+	paramsMu sync.Mutex
 
 	// statements are the pool's prepared statements, renamed (prepared.go).
 	statements statementRegistry
@@ -261,6 +265,12 @@ func (p *Pool) Release(sc *ServerConn) {
 		p.Discard(sc)
 		return
 	}
+	if sc.untrackedSettings {
+		// Not clean whatever a probe found: it may carry a setting no
+		// one can name to reset.
+		p.Discard(sc)
+		return
+	}
 	p.mu.Lock()
 	if p.closed || p.total > settings.size {
 		p.total--
@@ -304,19 +314,6 @@ func (p *Pool) Add(sc *ServerConn) {
 	p.total++
 	p.mu.Unlock()
 	p.Release(sc)
-}
-
-// storeParams caches the first server connection's ParameterStatus set for
-// the pool's client logins.
-func (p *Pool) storeParams(sc *ServerConn) {
-	if p.params.Load() != nil || len(sc.params) == 0 {
-		return
-	}
-	params := make([]serverParameter, 0, len(sc.params))
-	for name, value := range sc.params {
-		params = append(params, serverParameter{name: name, value: value})
-	}
-	p.params.CompareAndSwap(nil, &params)
 }
 
 // parameters returns the ParameterStatus set for a client login, opening a

@@ -248,6 +248,10 @@ func (sc *ServerConn) query(sql string, deadline time.Time, row func(values [][]
 			if notify != nil {
 				notify(wire.AppendMessage(nil, typ, body))
 			}
+		case wire.MsgParameterStatus:
+			// Of a setting the query changed, which the caller records;
+			// or news of the server's own (serverparams.go).
+			sc.noteParameterStatus(body)
 		case wire.MsgCopyInResponse, wire.MsgCopyOutResponse, wire.MsgCopyBothResponse:
 			return 0, errors.New("unexpected COPY in reply to pgtender's own query")
 		case wire.MsgReadyForQuery:
@@ -264,7 +268,6 @@ func (sc *ServerConn) query(sql string, deadline time.Time, row func(values [][]
 			}
 			return leftover, failure
 		}
-		// RowDescription, CommandComplete, NoticeResponse, ParameterStatus
-		// (of a setting the query changed: the caller records it).
+		// RowDescription, CommandComplete, NoticeResponse.
 	}
 }

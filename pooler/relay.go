@@ -351,6 +351,7 @@ func (s *session) feedText(p []byte) {
 	}
 	if effects != 0 {
 		s.chunk.mayChangeSession = true
+		s.noteCustomSettings(effects)
 	}
 }
 
@@ -765,6 +766,9 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) ([]byte, e
 			// a function where its text did not show it.
 			s.settingsMayHaveChanged = true
 		}
+		if msg.Type == wire.MsgParameterStatus {
+			sc.noteParameterStatus(msg.Body) // news for the pool's logins (serverparams.go)
+		}
 	}
 	forwardEnd := len(chunk) - sc.scanner.UnreportedLen()
 	if sc.scanner.UnreportedLen() > 0 || sc.scanner.AtBoundary() {
@@ -1101,7 +1105,7 @@ func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, t
 		sc.settings = nil
 		sc.statements.clear()
 	} else if probe {
-		result, _, err := sc.probe(customSettingNames(sc.pool, s.settings, sc.settings), nil)
+		result, _, err := sc.probe(s.customNamesToProbe(sc), nil)
 		if err != nil || result.pins.any() {
 			if err != nil {
 				s.pooler.log.Info("could not probe a departed client's server connection; closing it", s.logFields(zap.Error(err))...)

@@ -57,6 +57,12 @@ type ServerConn struct {
 	// statements are the renamed prepared statements this connection's
 	// session holds (prepared.go).
 	statements serverStatements
+	// untrackedSettings: a client linked to this connection may have set
+	// a custom parameter on its session under a name pgtender could not
+	// see (session.untrackedSettings), which no other client may meet:
+	// the connection is closed instead of going back to the pool. Set
+	// under the session's mu.
+	untrackedSettings bool
 
 	pool      *Pool
 	createdAt time.Time
@@ -363,6 +369,8 @@ func (sc *ServerConn) drain(pending int, deadline time.Time) (txStatus byte, fai
 			switch msg.Type {
 			case wire.MsgErrorResponse:
 				failed = true
+			case wire.MsgParameterStatus:
+				sc.noteParameterStatus(msg.Body)
 			case wire.MsgCopyInResponse, wire.MsgCopyBothResponse:
 				return 0, failed, errCopyWithoutClient
 			case wire.MsgReadyForQuery:

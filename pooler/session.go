@@ -173,9 +173,20 @@ type session struct {
 	// connection is probed before it is released (probeAtRest).
 	settingsMayHaveChanged bool
 	// pinned: the server connection's session holds what cannot follow
-	// the client (sessionPins); it stays linked until a probe finds it
-	// released.
+	// the client (sessionPins, or untrackedSettings); it stays linked
+	// until a probe finds it released.
 	pinned bool
+	// ownCustomNames are the custom parameters ("app.tenant") the client
+	// was seen to set (noteCustomSettings), lower-cased: every probe of
+	// its server connections asks for them, whatever the pool's registry
+	// holds. Written by the serve goroutine under mu; replaced, never
+	// changed in place.
+	ownCustomNames []string
+	// untrackedSettings: the client may have set a custom parameter whose
+	// name pgtender could not see (sqlscan.UnknownCustomName). No probe
+	// can find it, so the server connection is pinned to the client for
+	// the rest of its life and closed after (ServerConn.untrackedSettings).
+	untrackedSettings bool
 	// probing: readServer is probing the server connection; serve does
 	// not write to it meanwhile (it waits on cond).
 	probing bool

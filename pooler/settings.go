@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler/sqlscan"
 	"github.com/pgtender/pgtender/pooler/wire"
 )
 
@@ -188,6 +189,9 @@ func (s *session) startupSettingsError(err error) *clientError {
 func (s *session) alignServer(sc *ServerConn) error {
 	s.mu.Lock()
 	want := s.settings
+	if s.untrackedSettings {
+		sc.untrackedSettings = true // what the client sends next may set one
+	}
 	s.mu.Unlock()
 	statements := alignStatements(want, sc.settings)
 	if statements == "" {
@@ -216,9 +220,21 @@ func (s *session) probeDueLocked() bool {
 // to sc meanwhile (s.probing). s.mu must be held on entry and is held on
 // return; it is released during the probe.
 func (s *session) probeAtRest(sc *ServerConn) (release bool, err error) {
+	if s.untrackedSettings {
+		// Nothing a probe finds could let sc go to another client.
+		s.settingsMayHaveChanged = false
+		sc.untrackedSettings = true
+		if !s.pinned {
+			s.pinned = true
+			sc.pool.stats.pinnedClients.Add(1)
+			s.pooler.log.Info("server connection pinned to its client", s.logFields(
+				zap.String("holds", "a custom parameter set under a name pgtender cannot see"))...)
+		}
+		return false, nil
+	}
 	s.probing = true
 	s.settingsMayHaveChanged = false
-	customNames := customSettingNames(sc.pool, s.settings, sc.settings)
+	customNames := s.customNamesToProbe(sc)
 	s.mu.Unlock()
 
 	result, leftover, err := sc.probe(customNames, func(notification []byte) { _ = s.write(notification) })
@@ -280,9 +296,11 @@ type customSettings struct {
 	names atomic.Pointer[[]string] // sorted; replaced, never changed in place
 }
 
-// maxCustomSettings bounds the names a pool probes for. An application
-// uses a handful; past the bound a client that sets a new one is pinned to
-// its server connection (the probe could not follow it).
+// maxCustomSettings bounds the names a pool probes for, and those a
+// client is known to set (session.ownCustomNames). An application uses a
+// handful. Past the pool's bound a client's own names are still probed for
+// it; past the client's, it is pinned to its server connection as if it
+// had set one pgtender cannot name (session.untrackedSettings).
 const maxCustomSettings = 64
 
 // list returns the names; the slice must not be changed.
@@ -322,7 +340,8 @@ func isCustomSetting(name string) bool { return strings.Contains(name, ".") }
 // customSettingNames lists the custom parameters the probe must ask for by
 // name: those any client of the pool set, and those the client or the
 // server connection carry (a pool that stopped learning still probes its
-// clients' own).
+// clients' own); customNamesToProbe adds the names the client was seen to
+// set.
 func customSettingNames(pool *Pool, client, server sessionSettings) []string {
 	names := pool.customNames.list()
 	for _, settings := range []sessionSettings{client, server} {
@@ -333,4 +352,91 @@ func customSettingNames(pool *Pool, client, server sessionSettings) []string {
 		}
 	}
 	return names
+}
+
+// customNamesToProbe lists the custom parameters a probe of sc, linked to
+// the client, must ask for: customSettingNames, and the names the client
+// was seen to set, whose values no probe may have read yet. s.mu must be
+// held, or the caller be the serve goroutine once no readServer runs.
+func (s *session) customNamesToProbe(sc *ServerConn) []string {
+	names := customSettingNames(sc.pool, s.settings, sc.settings)
+	for _, name := range s.ownCustomNames {
+		if !slices.Contains(names, name) {
+			names = append(slices.Clip(names), name)
+		}
+	}
+	return names
+}
+
+// noteCustomSettings takes in the custom parameters a text the client sent
+// sets at session level, as the SQL scanner captured them (feedText), before
+// the text goes to a server: each becomes one of the client's own names,
+// probed for it from then on, and is shared with the pool's other clients
+// (customSettings), whose probes then find it even when one of them sets it
+// where its text does not show it. A text that may set one whose name it
+// does not show (sqlscan.Effects.MaySetUnnamedCustom) marks the client for
+// good (untrackedSettings). Only transaction mode needs it: a session-mode
+// server connection is reset with DISCARD ALL when its client leaves.
+//
+// It runs on the serve goroutine, the only writer of ownCustomNames, and
+// allocates only for a name the client had not set before.
+func (s *session) noteCustomSettings(effects sqlscan.Effects) {
+	if s.mode != config.PoolerModeTransaction {
+		return
+	}
+	untracked := effects.MaySetUnnamedCustom()
+	own := s.ownCustomNames
+	var added []string
+	for i := range s.sql.NumCustomNames() {
+		name := s.sql.CustomName(i)
+		if containsCustomName(own, name) || containsCustomName(added, name) {
+			continue
+		}
+		key := settingKey(string(name))
+		s.pool.customNames.learn(key)
+		if len(own)+len(added) >= maxCustomSettings {
+			untracked = true
+			continue
+		}
+		added = append(added, key)
+	}
+	if len(added) == 0 && (!untracked || s.untrackedSettings) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(added) > 0 {
+		s.ownCustomNames = append(slices.Clip(own), added...)
+	}
+	if untracked && !s.untrackedSettings {
+		s.untrackedSettings = true
+		if s.server != nil {
+			// The text may run on it; if it goes to another, alignServer
+			// marks that one.
+			s.server.untrackedSettings = true
+		}
+	}
+}
+
+// containsCustomName reports whether names (lower-cased) holds name,
+// compared as Postgres compares parameter names: ASCII letters without
+// regard to case (guc_name_compare in src/backend/utils/misc/guc.c).
+func containsCustomName(names []string, name []byte) bool {
+	for _, known := range names {
+		if len(known) != len(name) {
+			continue
+		}
+		equal := true
+		for i := 0; i < len(name) && equal; i++ {
+			c := name[i]
+			if c >= 'A' && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			equal = c == known[i]
+		}
+		if equal {
+			return true
+		}
+	}
+	return false
 }

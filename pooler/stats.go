@@ -65,7 +65,7 @@ type PoolStats struct {
 	// ClientsPinned: clients whose server connection is pinned to them in
 	// transaction mode, because their session holds what cannot follow
 	// them (LISTEN, advisory locks, temporary tables, WITH HOLD cursors,
-	// SQL PREPARE).
+	// SQL PREPARE, a custom parameter set under a name pgtender cannot see).
 	ClientsPinned int
 
 	// PreparedStatements: distinct renamed prepared statements the pool

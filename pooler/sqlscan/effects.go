@@ -17,6 +17,10 @@
 // What no lexer can see: a function or procedure body (SELECT f(), CALL p())
 // may run any SQL, including SET and CREATE TEMP TABLE. Only the built-in
 // functions named below are recognised; DO blocks are flagged as such.
+//
+// Besides the Effects, a Scanner captures the names of the custom
+// parameters ("app.tenant") a text sets (NumCustomNames, CustomName), which
+// the server lists nowhere a pooler could look them up.
 package sqlscan
 
 import (
@@ -35,7 +39,8 @@ const (
 	// OPTION, SET SESSION CHARACTERISTICS), RESET name, a call to
 	// set_config, or an UPDATE of pg_settings (whose rule calls set_config).
 	// Not SET LOCAL, SET TRANSACTION or SET CONSTRAINTS, which end with the
-	// transaction.
+	// transaction. The custom parameters it names are captured
+	// (CustomName).
 	SetsSetting Effects = 1 << iota
 	// ResetsAll: RESET ALL or DISCARD ALL, which put every setting back to
 	// its session-start value.
@@ -78,6 +83,12 @@ const (
 	// longer than it keeps, or a Unicode-escaped U&"identifier" that may
 	// spell any name). Assume any effect.
 	Uncertain
+	// UnknownCustomName: a statement may set a custom parameter (a name
+	// with a dot, "app.tenant") whose name the Scanner could not capture
+	// (CustomName): set_config with a first argument other than a lone
+	// string literal and a third other than the literal TRUE, or more
+	// names than the Scanner keeps.
+	UnknownCustomName
 )
 
 // effectNames are in bit order, for String.
@@ -85,7 +96,7 @@ var effectNames = [...]string{
 	"SetsSetting", "ResetsAll", "DiscardAll", "DiscardOther", "Prepare",
 	"Deallocate", "Listen", "Unlisten", "AdvisoryLock", "AdvisoryUnlock",
 	"TempObject", "HoldCursor", "CloseCursor", "DoBlock", "LoadLibrary",
-	"Uncertain",
+	"Uncertain", "UnknownCustomName",
 }
 
 // String lists the bits set, joined by "|", or "none". It is for logs and
@@ -109,12 +120,17 @@ func (e Effects) String() string {
 // settingEffects may leave the session's settings different from what the
 // pooler last saw: a DO block or a loaded library can run SET, and
 // Uncertain can be anything.
-const settingEffects = SetsSetting | ResetsAll | DiscardAll | DoBlock | LoadLibrary | Uncertain
+const settingEffects = SetsSetting | ResetsAll | DiscardAll | DoBlock | LoadLibrary | Uncertain | UnknownCustomName
 
 // sessionEffects may leave state on the server connection that only this
 // client's later statements may use: a prepared statement, a notification
-// channel, a lock, a temporary object, a holdable cursor, a loaded library.
-const sessionEffects = Prepare | Listen | AdvisoryLock | TempObject | HoldCursor | DoBlock | LoadLibrary | Uncertain
+// channel, a lock, a temporary object, a holdable cursor, a loaded library,
+// a custom parameter no one can name to reset it.
+const sessionEffects = Prepare | Listen | AdvisoryLock | TempObject | HoldCursor | DoBlock | LoadLibrary | Uncertain | UnknownCustomName
+
+// unknownNameEffects may set a custom parameter whose name the text does
+// not show to the Scanner.
+const unknownNameEffects = UnknownCustomName | Uncertain
 
 // MayChangeSettings reports whether the pooler should re-read the server's
 // session settings once the transaction ends.
@@ -124,3 +140,9 @@ func (e Effects) MayChangeSettings() bool { return e&settingEffects != 0 }
 // client: the text may have created state that lives past the transaction
 // and belongs to this client alone.
 func (e Effects) NeedsSession() bool { return e&sessionEffects != 0 }
+
+// MaySetUnnamedCustom reports whether the text may set a custom parameter
+// at session level that is not among the names the Scanner captured
+// (CustomName): nothing but the server session itself will know it is
+// set, so no probe that asks for names can find it.
+func (e Effects) MaySetUnnamedCustom() bool { return e&unknownNameEffects != 0 }

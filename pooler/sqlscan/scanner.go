@@ -54,6 +54,7 @@ const (
 	classSpace
 	classNewline
 	classQuiet // in code, whitespace or a byte that is a tokOther on its own
+	classPunct // '.' and ',': a tokOther too, unless a name is being read
 )
 
 var byteClass = func() (t [256]uint8) {
@@ -77,9 +78,11 @@ var byteClass = func() (t [256]uint8) {
 			t[c] |= classQuiet
 		}
 	}
-	for _, c := range []byte("-/'\"$();") {
+	for _, c := range []byte("-/'\"$();.,") {
 		t[c] &^= classQuiet
 	}
+	t['.'] |= classPunct
+	t[','] |= classPunct
 	return t
 }()
 
@@ -97,6 +100,18 @@ type Scanner struct {
 	// of a string that holds a backslash. Reset keeps it.
 	StandardConformingStringsOff bool
 
+	textState // Reset zeroes it
+
+	// The custom parameter names captured (names.go): name i is
+	// nameBytes[nameEnds[i-1]:nameEnds[i]], for i below names.count. Reset
+	// leaves the bytes, which the count makes unused, so that readying the
+	// Scanner for a text costs no more than its state.
+	nameBytes [customNameBytes]byte
+	nameEnds  [maxCustomNames]uint16
+}
+
+// textState is what a Scanner knows of the text it is reading.
+type textState struct {
 	effects Effects
 	state   lexState
 
@@ -107,6 +122,7 @@ type Scanner struct {
 	wordLen int
 
 	stringEscapes bool // the current string takes backslash escapes
+	stringText    bool // it is a plain or E'' string, not B'', X'' or U&''
 	gapNewline    bool // the whitespace after a string has crossed a newline
 
 	commentDepth int
@@ -117,12 +133,14 @@ type Scanner struct {
 	tagLen     int
 	tagMatched int // bytes of the closing $tag$ matched so far
 
+	names nameCapture // the custom parameter names the text sets
+
 	statement
 }
 
 // Reset readies the Scanner for a new text, keeping its configuration.
 func (s *Scanner) Reset() {
-	*s = Scanner{StandardConformingStringsOff: s.StandardConformingStringsOff}
+	s.textState = textState{}
 }
 
 // Write feeds the next piece of the text. Pieces may split the text at any
@@ -145,11 +163,17 @@ func (s *Scanner) Write(p []byte) (int, error) {
 		case lexCode:
 			// A run of whitespace, digits and operators other than '-' and
 			// '/' classifies as a single tokOther would: each such token
-			// after the first changes nothing.
+			// after the first changes nothing. So do '.' and ',' while no
+			// parameter name is being read (names.go); a run holds no word,
+			// so none can start reading one.
+			quiet := uint8(classQuiet)
+			if s.nameStep == nameOff && s.callStep == callOff {
+				quiet |= classPunct
+			}
 			other := false
 			for i < len(p) {
 				class := byteClass[p[i]]
-				if class&classQuiet == 0 {
+				if class&quiet == 0 {
 					break
 				}
 				other = other || class&classSpace == 0
@@ -175,6 +199,7 @@ func (s *Scanner) Write(p []byte) (int, error) {
 				continue
 			}
 		case lexString:
+			start := i
 			for i < len(p) {
 				c = p[i]
 				if c == '\'' || c == 0 || (c == '\\' && s.stringEscapes) {
@@ -182,6 +207,7 @@ func (s *Scanner) Write(p []byte) (int, error) {
 				}
 				i++
 			}
+			s.captureString(p[start:i])
 			if i == len(p) || c == 0 {
 				continue
 			}
@@ -243,13 +269,13 @@ func (s *Scanner) step(c byte) bool {
 				// E'...' is one token (scan.l xestart), the string takes
 				// backslash escapes whatever the setting.
 				if c == '\'' {
-					s.beginString(true)
+					s.beginString(true, true)
 					return true
 				}
 			case 'b', 'x':
 				// B'...' and X'...' (xbstart, xhstart) never take escapes.
 				if c == '\'' {
-					s.beginString(false)
+					s.beginString(false, false)
 					return true
 				}
 			case 'u':
@@ -314,6 +340,11 @@ func (s *Scanner) step(c byte) bool {
 			s.state = lexStringQuote
 		case c == '\\' && s.stringEscapes:
 			s.state = lexStringBackslash
+			// The escape is not decoded: a name captured from this string
+			// would not be the one Postgres reads.
+			s.names.unusable = s.names.unusable || s.names.capturing
+		default:
+			s.captureString([]byte{c})
 		}
 		return true
 
@@ -324,6 +355,7 @@ func (s *Scanner) step(c byte) bool {
 	case lexStringQuote:
 		if c == '\'' {
 			s.state = lexString // '' is a quote inside the string
+			s.captureString([]byte{c})
 			return true
 		}
 		s.state = lexStringGap
@@ -411,7 +443,7 @@ func (s *Scanner) step(c byte) bool {
 		case '\'':
 			// U&'...' never takes backslash escapes: its escapes are
 			// Unicode ones, and standard_conforming_strings off rejects it.
-			s.beginString(false)
+			s.beginString(false, false)
 			return true
 		case '"':
 			// A U&"identifier" may spell any name with escapes, and its
@@ -438,7 +470,7 @@ func (s *Scanner) stepCode(c byte, class uint8) bool {
 		s.appendWord(foldByte(c))
 		s.state = lexWord
 	case c == '\'':
-		s.beginString(s.StandardConformingStringsOff)
+		s.beginString(s.StandardConformingStringsOff, true)
 	case c == '"':
 		s.wordLen = 0
 		s.state = lexQuotedIdent
@@ -455,6 +487,10 @@ func (s *Scanner) stepCode(c byte, class uint8) bool {
 		s.token(tokCloseParen)
 	case c == ';':
 		s.token(tokSemicolon)
+	case c == '.':
+		s.token(tokDot)
+	case c == ',':
+		s.token(tokComma)
 	default:
 		// Digits, operators, punctuation. A digit never starts a word, so
 		// "$1" is '$' then a number: a parameter, never a dollar quote.
@@ -477,6 +513,7 @@ func (s *Scanner) stepDollar(c byte, class uint8) bool {
 		s.tagLen = copy(s.tag[:], s.word[:s.wordLen])
 		s.tagMatched = 0
 		s.state = lexDollarBody
+		s.stringText = false // its body is not captured: a name in it is not known
 		s.token(tokString)
 		return true
 	}
@@ -509,8 +546,11 @@ func (s *Scanner) closingDelimiterByte(i int) byte {
 	return s.tag[i-1]
 }
 
-func (s *Scanner) beginString(escapes bool) {
+// beginString starts a string constant: escapes says whether it takes
+// backslash escapes, text whether its bytes (escapes aside) are its value.
+func (s *Scanner) beginString(escapes, text bool) {
 	s.stringEscapes = escapes
+	s.stringText = text
 	s.state = lexString
 	s.token(tokString)
 }
@@ -560,6 +600,9 @@ func (s *Scanner) finish() {
 	// An unterminated string, quoted identifier, dollar quote or comment
 	// is a syntax error: Postgres runs none of the text, so nothing more
 	// needs flagging.
+	if s.nameStep != nameOff || s.callStep != callOff {
+		s.endNames()
+	}
 	s.endStatement()
 	s.state = lexDone
 }

@@ -400,7 +400,8 @@ func TestWriteAfterEnd(t *testing.T) {
 }
 
 func TestZeroAllocations(t *testing.T) {
-	text := []byte("SELECT set_config('a', E'b\\'', false), \"Quoted\" FROM pg_temp.t /* c */ -- d\n; DEALLOCATE \"S1\"; DO $x$ $x$")
+	text := []byte("SELECT set_config('a', E'b\\'', false), set_config('app.x', $1, $2), \"Quoted\" FROM pg_temp.t /* c */ -- d\n; " +
+		"DEALLOCATE \"S1\"; DO $x$ $x$; SET \"App\".tenant = 1; RESET app.y")
 	var s Scanner
 	allocs := testing.AllocsPerRun(100, func() {
 		s.Reset()
@@ -409,6 +410,9 @@ func TestZeroAllocations(t *testing.T) {
 		}
 		s.Effects()
 		s.SingleDeallocate()
+		for i := range s.NumCustomNames() {
+			_ = s.CustomName(i)
+		}
 	})
 	if allocs != 0 {
 		t.Errorf("%v allocations per text", allocs)

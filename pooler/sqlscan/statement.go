@@ -1,8 +1,9 @@
 package sqlscan
 
 // tokenKind is what the lexer hands the statement classifier. Whitespace
-// and comments are not tokens; numbers and operators are tokOther, one per
-// byte, since nothing here looks inside them.
+// and comments are not tokens; numbers and operators are tokOther, since
+// nothing here looks inside them, except '.' and ',': they separate the
+// parts of a parameter name and the arguments of set_config (names.go).
 type tokenKind uint8
 
 const (
@@ -12,6 +13,8 @@ const (
 	tokOpenParen
 	tokCloseParen
 	tokSemicolon
+	tokDot
+	tokComma
 	tokOther
 )
 
@@ -23,6 +26,7 @@ const (
 	leadOther                              // nothing more to learn from the leading words
 	leadSet                                // SET
 	leadSetScoped                          // SET LOCAL, SET TRANSACTION, SET CONSTRAINTS
+	leadSetSession                         // SET SESSION
 	leadReset                              // RESET
 	leadDiscard                            // DISCARD
 	leadPrepare                            // PREPARE
@@ -68,6 +72,11 @@ type statement struct {
 	sawUpdate   bool  // the word UPDATE appeared in the statement
 	sawSettings bool  // the name pg_settings appeared in the statement
 
+	nameStep      uint8 // reading a SET or RESET name (followSetName)
+	callStep      uint8 // in a call of set_config (followCall)
+	callNameKnown bool  // its first argument was a lone string literal
+	callDepth     int32 // parenthesis depth inside the call
+
 	statements int // non-empty statements ended so far
 
 	deallocName [maxIdentifierLen]byte
@@ -101,10 +110,22 @@ func (s *Scanner) SingleDeallocate() (name []byte, all bool, ok bool) {
 // token classifies one token of the current statement.
 func (s *Scanner) token(kind tokenKind) {
 	if kind == tokSemicolon {
+		if s.nameStep != nameOff || s.callStep != callOff {
+			s.endNames()
+		}
 		s.endStatement()
 		return
 	}
 	s.tokens++
+	if s.nameStep != nameOff {
+		s.followSetName(kind)
+	}
+	if s.callStep != callOff {
+		s.followCall(kind)
+	}
+	if kind == tokDot || kind == tokComma {
+		kind = tokOther // nothing below tells them apart
+	}
 	if kind == tokOther && s.lead == leadOther {
 		// The common case in long texts: nothing left to learn.
 		s.into = intoNone
@@ -159,8 +180,17 @@ func (s *Scanner) advanceLead(kind tokenKind) {
 		}
 
 	case leadSet:
+		// The word after SET may begin the setting's name even when it is
+		// LOCAL or SESSION (below): the name is read from it on.
+		if word || kind == tokQuotedIdent {
+			s.beginSetName()
+		}
 		if word && (s.wordIs("local") || s.wordIs("transaction") || s.wordIs("constraints")) {
 			s.lead = leadSetScoped
+			return
+		}
+		if word && s.wordIs("session") {
+			s.lead = leadSetSession
 			return
 		}
 		s.effects |= SetsSetting
@@ -176,11 +206,23 @@ func (s *Scanner) advanceLead(kind tokenKind) {
 		}
 		s.lead = leadOther
 
+	case leadSetSession:
+		// SET SESSION name ..., unless SESSION began the name
+		// ("SET session.x = 1", read on as that name).
+		s.effects |= SetsSetting
+		s.lead = leadOther
+		if (word || kind == tokQuotedIdent) && s.nameStep == nameOff {
+			s.beginSetName()
+		}
+
 	case leadReset:
 		if word && s.wordIs("all") {
 			s.effects |= ResetsAll
 		} else {
 			s.effects |= SetsSetting
+			if word || kind == tokQuotedIdent {
+				s.beginSetName()
+			}
 		}
 		s.lead = leadOther
 
@@ -352,6 +394,7 @@ func (s *Scanner) checkFoldedName(name []byte, unquoted bool) {
 		switch string(name) {
 		case "set_config":
 			s.effects |= SetsSetting
+			s.beginCall()
 		case "pg_advisory_lock", "pg_advisory_lock_shared",
 			"pg_try_advisory_lock", "pg_try_advisory_lock_shared":
 			s.effects |= AdvisoryLock
@@ -433,7 +476,9 @@ func truncatedLen(word []byte, n int) int {
 	return cut
 }
 
-// endStatement closes the current statement at a ';' or the end.
+// endStatement closes the current statement at a ';' or the end. A name
+// being read ends with it (endNames, called first; kept apart, this stays
+// small enough to inline).
 func (s *Scanner) endStatement() {
 	if s.tokens > 0 {
 		s.statements++
