@@ -38,6 +38,7 @@ const (
 	sqlstateDuplicatePreparedStatement = "42P05"
 	sqlstateInFailedTransaction        = "25P02"
 	sqlstateProgramLimitExceeded       = "54000"
+	sqlstateQueryCanceled              = "57014"
 	sqlstateInternalError              = "XX000"
 )
 

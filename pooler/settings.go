@@ -272,7 +272,16 @@ func (s *session) probeAtRest(sc *ServerConn) (release bool, err error) {
 // see query for notify and leftover.
 func (sc *ServerConn) probe(customNames []string, notify func([]byte)) (result probeResult, leftover int, err error) {
 	deadline := time.Now().Add(sc.pool.settings.Load().rollbackTimeout)
-	leftover, err = sc.query(probeQuery(customNames), deadline, result.takeProbeRow, notify)
+	query := probeQuery(customNames)
+	leftover, err = sc.query(query, deadline, result.takeProbeRow, notify)
+	if refused, ok := errors.AsType[*serverError](err); ok && refused.code == sqlstateQueryCanceled {
+		// The probe's first statement, which reads the timeouts before
+		// overriding them, runs under the client's statement_timeout; a
+		// tiny one (1ms) can cancel it on a busy machine. Its transaction
+		// rolled back, so it is run again, once.
+		result = probeResult{}
+		leftover, err = sc.query(query, deadline, result.takeProbeRow, notify)
+	}
 	result.finish()
 	return result, leftover, err
 }
