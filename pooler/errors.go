@@ -39,6 +39,7 @@ const (
 	sqlstateInFailedTransaction        = "25P02"
 	sqlstateProgramLimitExceeded       = "54000"
 	sqlstateQueryCanceled              = "57014"
+	sqlstateInvalidStatementName       = "26000"
 	sqlstateInternalError              = "XX000"
 )
 

@@ -65,6 +65,10 @@ type link struct {
 
 	// settled are the ops settled since the session last took them.
 	settled []settledOp
+	// synthetics counts the synthetic expectations among expected, so
+	// that looking for pgtender's own replies costs nothing when there
+	// are none, the usual case.
+	synthetics int
 }
 
 // expectKind is what a client message the server answers asks for, and so
@@ -276,6 +280,7 @@ func (l *link) synthesize(kind expectKind, op *statementOp) {
 	l.push(kind)
 	e := &l.expected[len(l.expected)-1]
 	e.synthetic, e.op = true, op
+	l.synthetics++
 	if kind.extended() {
 		l.batchOpen = true
 	}
@@ -285,6 +290,9 @@ func (l *link) synthesize(kind expectKind, op *statementOp) {
 // nothing from the server will come before it, so the session must be
 // told to write it (the reader is woken).
 func (l *link) syntheticDue() bool {
+	if l.synthetics == 0 {
+		return false
+	}
 	e := l.owed()
 	return e != nil && e.synthetic
 }
@@ -294,6 +302,9 @@ func (l *link) syntheticDue() bool {
 // op. A synthetic Query's reply ends with a ReadyForQuery of the current
 // transaction status, which it counts.
 func (l *link) takeSynthetic() (expectation, bool) {
+	if l.synthetics == 0 {
+		return expectation{}, false
+	}
 	e := l.owed()
 	if e == nil || !e.synthetic {
 		return expectation{}, false
@@ -357,6 +368,9 @@ func (l *link) owed() *expectation {
 }
 
 func (l *link) pop() {
+	if l.expected[l.head].synthetic {
+		l.synthetics--
+	}
 	l.expected[l.head] = expectation{}
 	l.head++
 	if l.head == len(l.expected) {

@@ -3,6 +3,7 @@ package pooler
 import (
 	"bytes"
 	"container/list"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -53,10 +54,14 @@ const maxStatementNameLen = 63
 // connection; Postgres itself accepts statements up to 1 GB.
 const maxWholeParseLen = 16 << 20
 
-// maxPoolStatements bounds a pool's registry. Past it, a statement is
-// forgotten to make room: clients that prepared it keep it (their names
-// hold it), and a new Parse of its text gets a new name.
-const maxPoolStatements = 10000
+// maxPoolStatements and maxPoolStatementBytes (their texts and keys) bound
+// a pool's registry. Past them, statements are forgotten to make room:
+// clients that prepared one keep it (their names hold it), and a new
+// Parse of its text gets a new name.
+const (
+	maxPoolStatements     = 10000
+	maxPoolStatementBytes = 64 << 20
+)
 
 // serverStatementNames numbers server-side statement names, from 1, for
 // the process's life: a name is never given to two different statements.
@@ -85,6 +90,7 @@ type preparedStatement struct {
 type statementRegistry struct {
 	mu    sync.Mutex
 	byKey map[string]*preparedStatement
+	bytes int // of the statements' texts and keys
 }
 
 // statementKey appends the registry key of a Parse to dst. The client's
@@ -111,17 +117,22 @@ func (r *statementRegistry) intern(key []byte, parse wire.Parse) *preparedStatem
 	if r.byKey == nil {
 		r.byKey = make(map[string]*preparedStatement)
 	}
-	if len(r.byKey) >= maxPoolStatements {
-		for k := range r.byKey { // any one: Go's map order is unspecified
-			delete(r.byKey, k)
-			break
-		}
-	}
 	name := strconv.AppendUint([]byte(serverStatementPrefix), serverStatementNames.Add(1), 10)
 	stmt := &preparedStatement{name: name, parse: wire.AppendParse(nil, name, parse.Query, parse.ParamTypes), key: string(key)}
+	for k, old := range r.byKey { // any ones: Go's map order is unspecified
+		if len(r.byKey) < maxPoolStatements && r.bytes+stmt.size() <= maxPoolStatementBytes {
+			break
+		}
+		delete(r.byKey, k)
+		r.bytes -= old.size()
+	}
 	r.byKey[stmt.key] = stmt
+	r.bytes += stmt.size()
 	return stmt
 }
+
+// size is what stmt costs the registry.
+func (stmt *preparedStatement) size() int { return len(stmt.parse) + len(stmt.key) }
 
 // lookup returns the pool's statement for key, or nil.
 func (r *statementRegistry) lookup(key []byte) *preparedStatement {
@@ -138,6 +149,7 @@ func (r *statementRegistry) supersede(stmt *preparedStatement) {
 	defer r.mu.Unlock()
 	if r.byKey[stmt.key] == stmt {
 		delete(r.byKey, stmt.key)
+		r.bytes -= stmt.size()
 	}
 }
 
@@ -163,6 +175,10 @@ type serverStatements struct {
 
 type serverStatement struct {
 	stmt *preparedStatement
+	// confirmed: Postgres answered the Parse that prepared it here; until
+	// then it may yet fail, and a client's Parse of it is not answered
+	// by pgtender.
+	confirmed bool
 }
 
 func (ss *serverStatements) get(stmt *preparedStatement) *serverStatement {
@@ -182,6 +198,13 @@ func (ss *serverStatements) add(stmt *preparedStatement) {
 		return
 	}
 	ss.index[stmt] = ss.lru.PushFront(&serverStatement{stmt: stmt})
+}
+
+// confirm notes that Postgres prepared stmt here.
+func (ss *serverStatements) confirm(stmt *preparedStatement) {
+	if e, ok := ss.index[stmt]; ok {
+		e.Value.(*serverStatement).confirmed = true
+	}
 }
 
 func (ss *serverStatements) remove(stmt *preparedStatement) {
@@ -217,6 +240,7 @@ const (
 	opServerAdd                   // pgtender's Parse of stmt on server
 	opEvict                       // pgtender's Close of stmt on server
 	opRefuse                      // a request Postgres would refuse: code and message say how
+	opUnnamed                     // a Parse of the unnamed statement on server, the client's or pgtender's
 )
 
 // statementOp is a change to the client's statement names or to a server
@@ -230,6 +254,9 @@ type statementOp struct {
 	server *ServerConn // opDefine (when it also prepares stmt there), opServerAdd, opEvict
 	// code and message are opRefuse's error.
 	code, message string
+	// unnamed: the request is a Parse of the unnamed statement, as
+	// opUnnamed is.
+	unnamed bool
 }
 
 // undo reverts op on the session s. s.mu must be held.
@@ -245,13 +272,25 @@ func (op *statementOp) undo(s *session) {
 	if op.server == nil {
 		return
 	}
+	if op.unnamed {
+		op.server.unnamedOwner = unnamedUnknown
+	}
 	switch op.kind {
 	case opDefine, opServerAdd:
 		op.server.statements.remove(op.stmt)
 	case opEvict, opForget:
 		op.server.statements.add(op.stmt)
+	case opUnnamed:
+		// Skipped, the connection's unnamed statement is what it was
+		// before, whosever that was; failed, there is none.
+		op.server.unnamedOwner = unnamedUnknown
 	}
 }
+
+// unnamedUnknown is a ServerConn.unnamedOwner that is no session: whose
+// the connection's unnamed statement is, if any, is not known, and every
+// client's Bind of the unnamed statement is guarded.
+const unnamedUnknown = ^uint64(0)
 
 // applySettledLocked takes the ops the link settled and undoes those that
 // failed, newest first: all of a failed batch's requests settle together,
@@ -267,6 +306,7 @@ func (s *session) applySettledLocked() {
 		}
 		if op.server != nil && (op.kind == opDefine || op.kind == opServerAdd) {
 			op.stmt.prepared.Store(true)
+			op.server.statements.confirm(op.stmt)
 		}
 	}
 }
@@ -282,7 +322,7 @@ func (s *session) applySettledLocked() {
 // for them. It reports false, and does nothing, for any other chunk.
 // s.mu must be held.
 func (s *session) prepareWithoutServerLocked(summary *chunkSummary) ([]byte, bool) {
-	if !s.renamingLocked() || summary.localEnd > 0 || summary.forgetStatements || s.discarding {
+	if !s.renamingLocked() || summary.localEnd > 0 || summary.drops != dropsNone || s.discarding {
 		return nil, false
 	}
 	statements := s.pendingStatements[:0]
@@ -292,11 +332,17 @@ func (s *session) prepareWithoutServerLocked(summary *chunkSummary) ([]byte, boo
 		case wire.MsgSync, wire.MsgFlush:
 			continue
 		case wire.MsgParse:
-			if !m.whole || len(m.name) == 0 || m.deallocate {
+			if !m.whole || len(m.name) == 0 || m.drops != dropsNone {
 				return nil, false
 			}
-			if _, held := s.statements[string(statementName(m.name))]; held {
+			name := statementName(m.name)
+			if _, held := s.statements[string(name)]; held {
 				return nil, false // 42P05: Postgres says it
+			}
+			for j := range i {
+				if m.typ == summary.messages[j].typ && bytes.Equal(statementName(summary.messages[j].name), name) {
+					return nil, false // the second is 42P05
+				}
 			}
 			s.keyScratch = statementKey(s.keyScratch[:0], s.settings["search_path"].value, m.parse)
 			stmt := s.pool.statements.lookup(s.keyScratch)
@@ -365,50 +411,68 @@ func (s *session) renamingLocked() bool {
 // would a client whose statement is gone.
 func (s *session) planChunkLocked(sc *ServerConn, summary *chunkSummary, chunk []byte) []edit {
 	s.edits = s.edits[:0]
-	s.editBytes = s.editBytes[:0]
+	s.editBytes = keptScratch(s.editBytes)
 	renaming := s.renamingLocked()
-	// foreign: sc's unnamed statement, if any, is not the client's latest.
-	foreign := sc.unnamedOwner != s.serial || sc.unnamedGeneration != s.unnamedGeneration
+	if renaming && summary.drops != dropsNone {
+		// A text that began in an earlier chunk ends here.
+		s.dropStatementsLocked(sc, summary.drops)
+	}
 	for i := range summary.messages {
 		m := &summary.messages[i]
 		m.start -= summary.localEnd
 		m.end -= summary.localEnd
-		if renaming && !s.link.skipping && s.renameLocked(sc, m) {
+		if s.link.skipping {
+			// The server reads and drops it: it changes nothing.
+			s.link.clientMessage(m.typ)
 			continue
 		}
-		switch m.unnamed {
-		case unnamedParsed:
-			s.unnamedGeneration++
-			sc.unnamedOwner, sc.unnamedGeneration = s.serial, s.unnamedGeneration
-			foreign = false
-			s.unnamedParse = s.unnamedParse[:0]
-			if m.whole && s.mode == config.PoolerModeTransaction {
-				s.unnamedParse = append(s.unnamedParse, chunk[m.start:m.end]...)
-			}
-		case unnamedDestroyed:
-			s.unnamedGeneration++ // the client's own is gone too
-			sc.unnamedOwner = 0
-			foreign = false
-			s.unnamedParse = s.unnamedParse[:0]
-		case unnamedUsed:
-			if !foreign {
-				break
-			}
-			foreign = false
-			switch {
-			case len(s.unnamedParse) > 0:
-				s.insert(m.start, s.unnamedParse)
-				s.link.inject(wire.MsgParse, nil, false)
-				sc.unnamedOwner, sc.unnamedGeneration = s.serial, s.unnamedGeneration
-			case sc.unnamedOwner != 0:
-				s.insert(m.start, closeUnnamedStatement)
-				s.link.inject(wire.MsgClose, nil, false)
-				sc.unnamedOwner = 0
-			}
+		if renaming && m.drops != dropsNone {
+			s.dropStatementsLocked(sc, m.drops)
 		}
+		if renaming && s.renameLocked(sc, m) {
+			continue
+		}
+		s.planUnnamedLocked(sc, m, chunk)
 		s.link.clientMessage(m.typ)
+		if m.unnamed == unnamedParsed {
+			s.link.attach(&sc.unnamedOp)
+		}
 	}
 	return s.edits
+}
+
+// planUnnamedLocked keeps sc's unnamed statement the client's own (see
+// planChunkLocked) for one message. s.mu must be held.
+func (s *session) planUnnamedLocked(sc *ServerConn, m *clientMessage, chunk []byte) {
+	switch m.unnamed {
+	case unnamedParsed:
+		s.unnamedGeneration++
+		sc.unnamedOwner, sc.unnamedGeneration = s.serial, s.unnamedGeneration
+		s.unnamedParse = keptScratch(s.unnamedParse)
+		if m.whole && s.mode == config.PoolerModeTransaction {
+			s.unnamedParse = append(s.unnamedParse, chunk[m.start:m.end]...)
+		}
+	case unnamedDestroyed:
+		s.unnamedGeneration++ // the client's own is gone too
+		s.unnamedParse = s.unnamedParse[:0]
+		// Gone, unless the server skips the message after all (an error
+		// before it in the batch): not known.
+		sc.unnamedOwner = unnamedUnknown
+	case unnamedUsed:
+		if sc.unnamedOwner == s.serial && sc.unnamedGeneration == s.unnamedGeneration {
+			return
+		}
+		switch {
+		case len(s.unnamedParse) > 0:
+			s.insert(m.start, s.unnamedParse)
+			s.link.inject(wire.MsgParse, &sc.unnamedOp, false)
+			sc.unnamedOwner, sc.unnamedGeneration = s.serial, s.unnamedGeneration
+		case sc.unnamedOwner != 0:
+			s.insert(m.start, closeUnnamedStatement)
+			s.link.inject(wire.MsgClose, nil, false)
+			sc.unnamedOwner = 0
+		}
+	}
 }
 
 // renameLocked plans a message that names a prepared statement, when the
@@ -454,48 +518,25 @@ func (s *session) renameLocked(sc *ServerConn, m *clientMessage) bool {
 		s.link.attachStatement(stmt)
 		return true
 	case m.typ == wire.MsgClose && m.target == wire.TargetStatement && len(m.name) > 0:
-		// Postgres answers a Close of a name that does not exist as it
-		// answers one that does. The statement stays on the server for
-		// other clients.
+		// The statement stays on the server for other clients. Postgres
+		// answers a Close of a name that does not exist as it answers one
+		// that does, so a Close of the bare prefix, which names nothing,
+		// gets the client its CloseComplete in its turn.
 		name := string(statementName(m.name))
 		op := &statementOp{kind: opForget, name: name, prev: s.statements[name]}
 		delete(s.statements, name)
 		s.replace(m.start, m.end)
+		s.editBytes = wire.AppendClose(s.editBytes, wire.TargetStatement, []byte(serverStatementPrefix))
 		s.endEdit()
-		s.link.synthesize(expectClose, op)
+		s.link.clientMessage(m.typ)
+		s.link.attach(op)
 		return true
-	case m.typ == wire.MsgQuery && m.deallocate:
-		return s.planDeallocateLocked(m)
-	case m.typ == wire.MsgParse && m.deallocate:
+	case m.typ == wire.MsgQuery && m.deallocate != nil:
+		return s.planDeallocateLocked(sc, m)
+	case m.typ == wire.MsgParse && m.deallocate != nil:
 		return s.planDeallocateParseLocked(sc, m)
 	}
 	return false
-}
-
-// planDeallocateParseLocked plans a Parse of the unnamed statement whose
-// text is DEALLOCATE name of one of the client's renamed statements: it
-// becomes a DEALLOCATE of the server-side name (prepared first if sc lacks
-// it), so that its Execute answers as the client expects; sc and the
-// client no longer hold the statement. The unnamed statement is then the
-// client's, but cannot be prepared again elsewhere.
-func (s *session) planDeallocateParseLocked(sc *ServerConn, m *clientMessage) bool {
-	name := string(statementName(m.name))
-	stmt, held := s.statements[name]
-	if !held {
-		return false
-	}
-	s.ensureLocked(sc, stmt, m.start)
-	delete(s.statements, name)
-	sc.statements.remove(stmt)
-	s.replace(m.start, m.end)
-	s.editBytes = wire.AppendParse(s.editBytes, nil, append([]byte("DEALLOCATE "), stmt.name...), m.parse.ParamTypes)
-	s.endEdit()
-	s.link.clientMessage(wire.MsgParse)
-	s.link.attach(&statementOp{kind: opForget, name: name, prev: stmt, stmt: stmt, server: sc})
-	s.unnamedGeneration++
-	sc.unnamedOwner, sc.unnamedGeneration = s.serial, s.unnamedGeneration
-	s.unnamedParse = s.unnamedParse[:0]
-	return true
 }
 
 // planParseLocked plans a client's whole Parse of a named statement.
@@ -505,20 +546,27 @@ func (s *session) planParseLocked(sc *ServerConn, m *clientMessage) {
 		s.refuseLocked(m, sqlstateDuplicatePreparedStatement, "prepared statement \""+name+"\" already exists")
 		return
 	}
+	if len(s.statements) >= maxClientStatements {
+		s.refuseLocked(m, sqlstateProgramLimitExceeded, fmt.Sprintf(
+			"a client of pgtender may hold %d prepared statements; deallocate some first", maxClientStatements))
+		return
+	}
 	s.keyScratch = statementKey(s.keyScratch[:0], s.settings["search_path"].value, m.parse)
 	stmt := sc.pool.statements.intern(s.keyScratch, m.parse)
 	s.statements[name] = stmt
 	op := &statementOp{kind: opDefine, name: name, stmt: stmt}
-	if sc.statements.get(stmt) != nil {
+	// Answered by pgtender only when Postgres is known to hold it here and
+	// would answer ParseComplete: not in a failed transaction (25P02, but
+	// for ROLLBACK), not while it is unknown which replies the server
+	// still owes (link.uncertain).
+	if held := sc.statements.get(stmt); held != nil && held.confirmed && s.link.txStatus != wire.TxFailed && !s.link.uncertain {
 		s.replace(m.start, m.end)
 		s.endEdit()
 		s.link.synthesize(expectParse, op)
 		return
 	}
-	s.makeRoomLocked(sc, m.start)
+	s.prepareOnServerLocked(sc, stmt, m.start)
 	op.server = sc
-	sc.statements.add(stmt)
-	sc.pool.stats.statementParses.Add(1)
 	s.replace(m.start, m.end)
 	s.editBytes = append(s.editBytes, stmt.parse...)
 	s.endEdit()
@@ -526,34 +574,42 @@ func (s *session) planParseLocked(sc *ServerConn, m *clientMessage) {
 	s.link.attach(op)
 }
 
+// maxClientStatements bounds the prepared statements one client holds.
+const maxClientStatements = 10000
+
 // ensureLocked makes sure sc holds stmt before the message at offset at:
 // when it does not, its Parse is injected there.
 func (s *session) ensureLocked(sc *ServerConn, stmt *preparedStatement, at int) {
 	if sc.statements.get(stmt) != nil {
 		return
 	}
-	s.makeRoomLocked(sc, at)
-	sc.statements.add(stmt)
-	sc.pool.stats.statementParses.Add(1)
+	s.prepareOnServerLocked(sc, stmt, at)
 	s.insert(at, stmt.parse)
 	s.link.inject(wire.MsgParse, &statementOp{kind: opServerAdd, stmt: stmt, server: sc}, false)
 }
 
-// makeRoomLocked injects, at offset at, the Closes that make room on sc
-// for a statement: of the least recently used statements while sc holds
-// prepared_statements_limit.
-func (s *session) makeRoomLocked(sc *ServerConn, at int) {
+// prepareOnServerLocked plans, at offset at, what goes before a Parse of
+// stmt on sc: Closes that make room within prepared_statements_limit (the
+// least recently used statements), and a Close of stmt itself, so that
+// the Parse succeeds whether or not sc holds it after all (a request whose
+// outcome pgtender could not follow); and it counts stmt as held.
+func (s *session) prepareOnServerLocked(sc *ServerConn, stmt *preparedStatement, at int) {
+	sc.statements.remove(stmt)
 	limit := sc.pool.settings.Load().preparedStatementsLimit
 	for limit > 0 && sc.statements.len() >= limit {
 		s.closeOnServerLocked(sc, sc.statements.oldest(), at)
+		sc.pool.stats.statementsEvicted.Add(1)
 	}
+	s.insertFunc(at, func(dst []byte) []byte { return wire.AppendClose(dst, wire.TargetStatement, stmt.name) })
+	s.link.inject(wire.MsgClose, nil, false)
+	sc.statements.add(stmt)
+	sc.pool.stats.statementParses.Add(1)
 }
 
 func (s *session) closeOnServerLocked(sc *ServerConn, stmt *preparedStatement, at int) {
 	sc.statements.remove(stmt)
 	s.insertFunc(at, func(dst []byte) []byte { return wire.AppendClose(dst, wire.TargetStatement, stmt.name) })
 	s.link.inject(wire.MsgClose, &statementOp{kind: opEvict, stmt: stmt, server: sc}, false)
-	sc.pool.stats.statementsEvicted.Add(1)
 }
 
 // guardForeignName sends a name the client never prepared, and that could
@@ -574,14 +630,53 @@ func (s *session) guardForeignName(m *clientMessage) {
 	s.endEdit()
 }
 
+// planDeallocateParseLocked plans a Parse of the unnamed statement whose
+// text is DEALLOCATE name of one of the client's renamed statements: it
+// becomes a DEALLOCATE of the server-side name (prepared first if sc lacks
+// it), so that its Execute answers as the client expects; sc and the
+// client no longer hold the statement. The unnamed statement is then the
+// client's, but cannot be prepared again elsewhere.
+func (s *session) planDeallocateParseLocked(sc *ServerConn, m *clientMessage) bool {
+	name := string(statementName(m.deallocate))
+	stmt, held := s.statements[name]
+	if !held {
+		if bytes.HasPrefix(m.deallocate, []byte(serverStatementPrefix)) {
+			s.dropStatementsLocked(sc, dropsUnknown)
+		}
+		return false
+	}
+	s.ensureLocked(sc, stmt, m.start)
+	delete(s.statements, name)
+	sc.statements.remove(stmt)
+	// Dropped when the unnamed statement is executed, which may never
+	// be: what sc holds is certain again only after a reset.
+	sc.statements.unknown = true
+	s.replace(m.start, m.end)
+	s.editBytes = wire.AppendParse(s.editBytes, nil, append([]byte("DEALLOCATE "), stmt.name...), m.parse.ParamTypes)
+	s.endEdit()
+	s.link.clientMessage(wire.MsgParse)
+	s.link.attach(&statementOp{kind: opForget, name: name, prev: stmt, stmt: stmt, server: sc, unnamed: true})
+	// The unnamed statement is now the client's, this text, which cannot
+	// be prepared again elsewhere.
+	s.unnamedGeneration++
+	s.unnamedParse = s.unnamedParse[:0]
+	sc.unnamedOwner, sc.unnamedGeneration = s.serial, s.unnamedGeneration
+	return true
+}
+
 // planDeallocateLocked plans a Query that is nothing but DEALLOCATE name
 // of one of the client's renamed statements: pgtender answers it (the
 // server knows the statement by another name). DEALLOCATE of another name
 // (SQL PREPARE's, or none) goes to Postgres.
-func (s *session) planDeallocateLocked(m *clientMessage) bool {
-	name := string(statementName(m.name))
+func (s *session) planDeallocateLocked(sc *ServerConn, m *clientMessage) bool {
+	name := string(statementName(m.deallocate))
 	stmt, held := s.statements[name]
-	if !held {
+	if !held || s.link.uncertain {
+		if !held && bytes.HasPrefix(m.deallocate, []byte(serverStatementPrefix)) {
+			// One of pgtender's names, by another client: Postgres may
+			// drop it.
+			s.dropStatementsLocked(sc, dropsUnknown)
+		}
 		return false
 	}
 	delete(s.statements, name)
@@ -591,13 +686,18 @@ func (s *session) planDeallocateLocked(m *clientMessage) bool {
 	return true
 }
 
-// forgetStatementsLocked takes in a client's DEALLOCATE ALL or DISCARD
-// ALL on its way to sc: the client's names are gone, and so is every
-// statement sc holds once it runs. Whether it ran is not followed: sc is
-// reset before another client uses it (serverStatements.unknown). s.mu
-// must be held.
-func (s *session) forgetStatementsLocked(sc *ServerConn) {
-	clear(s.statements)
+// dropStatementsLocked takes in, at its place in the client's stream to
+// sc, a text that drops prepared statements: DEALLOCATE ALL or DISCARD
+// ALL drop all of the client's names and everything sc holds once it
+// runs; a DEALLOCATE pgtender does not follow (among other statements,
+// run by a named statement, of one of pgtender's names) may drop any of
+// sc's. Whether it ran is not followed: sc is reset before another
+// client uses it (serverStatements.unknown), and meanwhile a statement is
+// prepared again when needed. s.mu must be held.
+func (s *session) dropStatementsLocked(sc *ServerConn, drops statementDrops) {
+	if drops == dropsAll {
+		clear(s.statements)
+	}
 	sc.statements.clear()
 	sc.statements.unknown = true
 }
@@ -610,8 +710,6 @@ func appendSyntheticReply(dst []byte, e expectation, txStatus byte) ([]byte, boo
 	switch e.kind {
 	case expectParse:
 		return wire.AppendParseComplete(dst), true
-	case expectClose:
-		return wire.AppendCloseComplete(dst), true
 	case expectQuery: // DEALLOCATE name
 		if txStatus == wire.TxFailed {
 			dst = wire.AppendErrorResponse(dst, wire.SeverityError, sqlstateInFailedTransaction,
@@ -663,6 +761,18 @@ func (sc *ServerConn) resetUnknownStatements(timeout time.Duration) error {
 	}
 	sc.statements.clear()
 	return nil
+}
+
+// maxKeptScratch bounds the scratch buffers a session keeps between uses:
+// one that grew past it for a long message is let go.
+const maxKeptScratch = 64 << 10
+
+// keptScratch returns b emptied, or nil when it grew past maxKeptScratch.
+func keptScratch(b []byte) []byte {
+	if cap(b) > maxKeptScratch {
+		return nil
+	}
+	return b[:0]
 }
 
 // replace starts an edit replacing chunk[start:end]; the replacement is

@@ -22,7 +22,9 @@ func newStatementsFixture(limit int) *statementsFixture {
 	pool := newPool(poolKey{user: "app", database: "db"}, poolSettings{
 		size: 1, mode: config.PoolerModeTransaction, preparedStatements: true, preparedStatementsLimit: limit,
 	}, func(context.Context) (*ServerConn, error) { return nil, fmt.Errorf("no connects here") })
-	return &statementsFixture{pool: pool, server: &ServerConn{pool: pool}}
+	sc := &ServerConn{pool: pool}
+	sc.unnamedOp = statementOp{kind: opUnnamed, server: sc}
+	return &statementsFixture{pool: pool, server: sc}
 }
 
 func (f *statementsFixture) session() *session {
@@ -62,6 +64,15 @@ func (f *statementsFixture) plan(t *testing.T, s *session, chunk []byte) (writte
 		expected += " "
 	}
 	return written, strings.TrimSpace(expected)
+}
+
+// answerAll settles every request s's link expects as answered, as the
+// server's replies would, so that the next chunk starts at rest.
+func answerAll(s *session) {
+	for _, e := range s.link.expected[s.link.head:] {
+		s.link.settle(&e, true)
+	}
+	s.applySettledLocked()
 }
 
 // messages renders a stream of frontend messages as "P(name,query) B(statement) E S ...".
@@ -128,12 +139,21 @@ func TestPlanRenamesStatements(t *testing.T) {
 		t.Fatal("a's s1 not defined")
 	}
 	name := string(stmt.name)
-	if got, want := messages(t, written), fmt.Sprintf("P(%s,SELECT 1) B(%s) E S", name, name); got != want {
+	if got, want := messages(t, written), fmt.Sprintf("C(S%s) P(%s,SELECT 1) B(%s) E S", name, name, name); got != want {
 		t.Errorf("a's first batch written as %s, want %s", got, want)
 	}
-	if want := "Parse Bind Execute Sync"; expected != want {
+	if want := "Close(s) Parse Bind Execute Sync"; expected != want {
 		t.Errorf("expected %s, want %s", expected, want)
 	}
+
+	// Before Postgres has answered a's Parse, b's Parse of the same text
+	// is sent (it may yet fail for both).
+	written, _ = f.plan(t, b, concat(parseMsg("other", "SELECT 1"), wire.AppendSync(nil)))
+	if got, want := messages(t, written), fmt.Sprintf("C(S%s) P(%s,SELECT 1) S", name, name); got != want {
+		t.Errorf("b's parse before a's was answered written as %s, want %s", got, want)
+	}
+	answerAll(b)
+	delete(b.statements, "other")
 
 	written, expected = f.plan(t, b, concat(parseMsg("other", "SELECT 1"), bindMsg("other"), executeMsg(), wire.AppendSync(nil)))
 	if b.statements["other"] != stmt {
@@ -145,26 +165,30 @@ func TestPlanRenamesStatements(t *testing.T) {
 	if want := "Parse(*) Bind Execute Sync"; expected != want {
 		t.Errorf("expected %s, want %s", expected, want)
 	}
+	answerAll(b)
 
 	// The connection loses the statement (evicted by another client,
 	// say): b's next Bind gets the Parse first.
 	f.server.statements.remove(stmt)
 	written, expected = f.plan(t, b, concat(bindMsg("other"), executeMsg(), wire.AppendSync(nil)))
-	if got, want := messages(t, written), fmt.Sprintf("P(%s,SELECT 1) B(%s) E S", name, name); got != want {
+	if got, want := messages(t, written), fmt.Sprintf("C(S%s) P(%s,SELECT 1) B(%s) E S", name, name, name); got != want {
 		t.Errorf("b's bind written as %s, want %s", got, want)
 	}
-	if want := "Parse(s) Bind Execute Sync"; expected != want {
+	if want := "Close(s) Parse(s) Bind Execute Sync"; expected != want {
 		t.Errorf("expected %s, want %s", expected, want)
 	}
+	answerAll(b)
 
-	// a closes s1: answered by pgtender, the server keeps the statement.
+	// a closes s1: a Close of a name that never exists gets it its
+	// CloseComplete in turn, and the server keeps the statement.
 	written, expected = f.plan(t, a, concat(wire.AppendClose(nil, wire.TargetStatement, []byte("s1")), wire.AppendSync(nil)))
-	if got := messages(t, written); got != "S" {
-		t.Errorf("a's close written as %s, want S", got)
+	if got, want := messages(t, written), "C(S"+serverStatementPrefix+") S"; got != want {
+		t.Errorf("a's close written as %s, want %s", got, want)
 	}
-	if want := "Close(*) Sync"; expected != want {
+	if want := "Close Sync"; expected != want {
 		t.Errorf("expected %s, want %s", expected, want)
 	}
+	answerAll(a)
 	if _, held := a.statements["s1"]; held || f.server.statements.get(stmt) == nil {
 		t.Errorf("after a's close: a holds s1 %v, server holds it %v; want false, true", held, f.server.statements.get(stmt) != nil)
 	}
@@ -185,6 +209,90 @@ func TestPlanRenamesStatements(t *testing.T) {
 	}
 }
 
+// TestPlanDeallocate: DEALLOCATE of a renamed statement, as a Query or as
+// the text of the unnamed statement (psycopg 3), becomes a DEALLOCATE of
+// the server-side name or is answered by pgtender; of a name the client
+// does not hold it goes to Postgres unchanged (and defines nothing); and
+// DEALLOCATE ALL drops names only from where it stands in the stream.
+func TestPlanDeallocate(t *testing.T) {
+	f := newStatementsFixture(0)
+	s := f.session()
+	f.plan(t, s, concat(parseMsg("s1", "SELECT 1"), wire.AppendSync(nil)))
+	answerAll(s)
+	name := string(s.statements["s1"].name)
+
+	written, expected := f.plan(t, s, concat(parseMsg("", "DEALLOCATE s1"), bindMsg(""), executeMsg(), wire.AppendSync(nil)))
+	if got, want := messages(t, written), fmt.Sprintf("P(,DEALLOCATE %s) B() E S", name); got != want {
+		t.Errorf("unnamed DEALLOCATE written as %s, want %s", got, want)
+	}
+	if want := "Parse Bind Execute Sync"; expected != want {
+		t.Errorf("expected %s, want %s", expected, want)
+	}
+	if _, held := s.statements["s1"]; held {
+		t.Error("s1 still held after its DEALLOCATE")
+	}
+	answerAll(s)
+
+	written, _ = f.plan(t, s, concat(parseMsg("", "DEALLOCATE foo"), bindMsg(""), executeMsg(), wire.AppendSync(nil)))
+	if got, want := messages(t, written), "P(,DEALLOCATE foo) B() E S"; got != want {
+		t.Errorf("DEALLOCATE of a name not held written as %s, want %s", got, want)
+	}
+	if len(s.statements) != 0 {
+		t.Errorf("names defined: %v", s.statements)
+	}
+	answerAll(s)
+
+	f.plan(t, s, concat(parseMsg("s2", "SELECT 2"), wire.AppendSync(nil)))
+	answerAll(s)
+	written, expected = f.plan(t, s, concat(wire.AppendQuery(nil, "DEALLOCATE s2"), wire.AppendQuery(nil, "SELECT 1")))
+	if got := messages(t, written); got != "Q" {
+		t.Errorf("DEALLOCATE query written as %s, want the SELECT alone", got)
+	}
+	if want := "Query(*) Query"; expected != want {
+		t.Errorf("expected %s, want %s", expected, want)
+	}
+	if _, held := s.statements["s2"]; held {
+		t.Error("s2 still held after its DEALLOCATE")
+	}
+	answerAll(s)
+
+	f.plan(t, s, concat(parseMsg("s3", "SELECT 3"), wire.AppendSync(nil)))
+	answerAll(s)
+	third := string(s.statements["s3"].name)
+	written, _ = f.plan(t, s, concat(bindMsg("s3"), executeMsg(), wire.AppendSync(nil), wire.AppendQuery(nil, "DEALLOCATE ALL")))
+	if got, want := messages(t, written), fmt.Sprintf("B(%s) E S Q", third); got != want {
+		t.Errorf("bind before DEALLOCATE ALL written as %s, want %s", got, want)
+	}
+	if len(s.statements) != 0 || !f.server.statements.unknown {
+		t.Errorf("after DEALLOCATE ALL: %d names, server unknown %v; want 0, true", len(s.statements), f.server.statements.unknown)
+	}
+}
+
+// TestPlanUnnamedSkipped: a client's Parse of the unnamed statement that
+// the server skips (an error earlier in its batch) leaves whose the
+// connection's unnamed statement is unknown, so the client's next Bind of
+// it prepares its own again rather than run another client's.
+func TestPlanUnnamedSkipped(t *testing.T) {
+	f := newStatementsFixture(0)
+	a, b := f.session(), f.session()
+	f.plan(t, b, concat(parseMsg("", "SELECT 'b'"), wire.AppendSync(nil)))
+	answerAll(b)
+
+	f.plan(t, a, concat(bindMsg("nosuch"), executeMsg(), parseMsg("", "SELECT 'a'"), wire.AppendSync(nil)))
+	// Postgres refuses the Bind and skips to Sync, the Parse with it.
+	if _, err := a.link.serverMessage(wire.MsgErrorResponse, errorBody("26000", "prepared statement \"nosuch\" does not exist")); err != nil {
+		t.Fatal(err)
+	}
+	a.applySettledLocked()
+	if f.server.unnamedOwner != unnamedUnknown {
+		t.Fatalf("owner %d after the skipped Parse, want unknown", f.server.unnamedOwner)
+	}
+	written, _ := f.plan(t, a, concat(bindMsg(""), executeMsg(), wire.AppendSync(nil)))
+	if got, want := messages(t, written), "P(,SELECT 'a') B() E S"; got != want {
+		t.Errorf("a's bind written as %s, want %s", got, want)
+	}
+}
+
 // TestPlanEvictsLeastRecentlyUsed: a connection holding
 // prepared_statements_limit statements gets a Close of the least recently
 // used before another Parse.
@@ -199,11 +307,11 @@ func TestPlanEvictsLeastRecentlyUsed(t *testing.T) {
 	second := s.statements["s1"]
 	written, expected := f.plan(t, s, concat(parseMsg("s2", "SELECT 3"), wire.AppendSync(nil)))
 	third := s.statements["s2"]
-	want := fmt.Sprintf("C(S%s) P(%s,SELECT 3) S", second.name, third.name)
+	want := fmt.Sprintf("C(S%s) C(S%s) P(%s,SELECT 3) S", second.name, third.name, third.name)
 	if got := messages(t, written); got != want {
 		t.Errorf("written %s, want %s", got, want)
 	}
-	if want := "Close(s) Parse Sync"; expected != want {
+	if want := "Close(s) Close(s) Parse Sync"; expected != want {
 		t.Errorf("expected %s, want %s", expected, want)
 	}
 	if f.server.statements.get(second) != nil || f.server.statements.get(first) == nil || f.server.statements.len() != 2 {
@@ -281,12 +389,7 @@ func FuzzPlanChunk(f *testing.F) {
 			if n := fx.server.statements.len(); n > 2 {
 				t.Fatalf("server holds %d statements, limit 2", n)
 			}
-			// Every request answered ok: settle the link as the replies
-			// would, so the next chunk starts at rest.
-			for _, e := range s.link.expected[s.link.head:] {
-				s.link.settle(&e, true)
-			}
-			s.applySettledLocked()
+			answerAll(s)
 			chunk = chunk[:0]
 		}
 		for i, op := range script {

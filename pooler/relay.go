@@ -51,10 +51,12 @@ func (s *session) relay() error {
 			// Hold back a partial header, or a message wanted whole; it is
 			// scanned again next time.
 			carried = s.scanner.UnreportedLen()
-			if need := s.scanner.PendingLen(); need > len(buf) {
-				// A message longer than the buffer, wanted whole: a buffer
-				// of its size, for as long as it takes to arrive.
-				grown := make([]byte, need)
+			if need := s.scanner.PendingLen(); need > len(buf) && carried == n {
+				// A message longer than the buffer, wanted whole, fills it:
+				// a larger one, doubled as the message arrives (so a header
+				// alone does not reserve its length), for as long as it
+				// takes to arrive.
+				grown := make([]byte, min(need, 2*len(buf)))
 				copy(grown, chunk[n-carried:])
 				s.scanner.DropUnreported()
 				if forward > 0 {
@@ -95,9 +97,10 @@ type chunkSummary struct {
 	// state (sqlscan), or a message runs one that might without showing
 	// it (a Bind of a statement that did, a FunctionCall).
 	mayChangeSession bool
-	// forgetStatements: a DEALLOCATE ALL or DISCARD ALL in the chunk ends
-	// its text.
-	forgetStatements bool
+	// drops: the text of a Query or Parse that began in an earlier chunk
+	// ends in this one, and drops prepared statements (dropsAll: DEALLOCATE
+	// ALL or DISCARD ALL).
+	drops statementDrops
 	// messages are the messages after localEnd that the chunk reports, in
 	// order: what the link is told (link.clientMessage).
 	messages []clientMessage
@@ -114,14 +117,28 @@ type clientMessage struct {
 	// The prepared statement it names, for renaming (prepared.go), and
 	// what else renaming needs; the slices alias the chunk. name is the
 	// statement of a Parse, Bind, or of a Describe or Close whose target
-	// is TargetStatement, or the operand of a DEALLOCATE.
-	name       []byte
-	target     byte       // Describe, Close
-	portal     []byte     // Bind
-	rest       int        // Bind: where the body goes on after the names
-	parse      wire.Parse // a whole Parse, decoded
-	deallocate bool       // a Query that is only DEALLOCATE name
+	// is TargetStatement.
+	name   []byte
+	target byte       // Describe, Close
+	portal []byte     // Bind
+	rest   int        // Bind: where the body goes on after the names
+	parse  wire.Parse // a whole Parse, decoded
+	// deallocate is the operand of a whole Query, or of the text of a
+	// whole Parse of the unnamed statement, that is only DEALLOCATE name.
+	deallocate []byte
+	// drops: its text, whole in this chunk, drops prepared statements.
+	drops statementDrops
 }
+
+// statementDrops is what a text does to prepared statements, besides a
+// DEALLOCATE name pgtender follows.
+type statementDrops uint8
+
+const (
+	dropsNone    statementDrops = iota
+	dropsAll                    // DEALLOCATE ALL, DISCARD ALL: all of the client's
+	dropsUnknown                // a DEALLOCATE pgtender does not follow
+)
 
 // unnamedUse is what a client message does with the unnamed prepared
 // statement, which each server connection has one of: a client's Bind of
@@ -143,12 +160,15 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 	summary.localSyncs = 0
 	summary.needServer = false
 	summary.mayChangeSession = false
-	summary.forgetStatements = false
+	summary.drops = dropsNone
 	summary.messages = summary.messages[:0]
 	discarding := s.discarding
 	if s.textLeft > 0 {
 		// The rest of a Query or Parse whose text began in an earlier chunk.
 		s.feedText(chunk[:min(s.textLeft, len(chunk))])
+		if s.textLeft == 0 {
+			summary.drops = s.textDrops
+		}
 	}
 	for off := 0; off < len(chunk); {
 		var msg wire.Message
@@ -175,7 +195,9 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 			}
 			continue
 		}
-		m := clientMessage{typ: msg.Type, start: msg.Start, length: msg.Length}
+		// Filled in place: the struct is large for a copy per message.
+		summary.messages = append(summary.messages, clientMessage{typ: msg.Type, start: msg.Start, length: msg.Length})
+		m := &summary.messages[len(summary.messages)-1]
 		if end := msg.Start + wire.HeaderLen + msg.Length; end <= len(chunk) {
 			m.whole, m.end = true, end
 		}
@@ -191,17 +213,20 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 			s.beginText(msg)
 			body := msg.Start + wire.HeaderLen
 			s.feedText(chunk[body:min(body+msg.Length, len(chunk))])
+			if s.textLeft == 0 {
+				m.drops = s.textDrops
+			}
 			switch {
 			case msg.Type == wire.MsgQuery:
 				m.unnamed = unnamedDestroyed
-				if m.whole && s.textDeallocate != nil {
-					m.deallocate, m.name = true, s.textDeallocate
+				if m.whole {
+					m.deallocate = s.textDeallocate
 				}
 			case !s.textNamed:
 				m.unnamed = unnamedParsed
 				if m.whole && s.textDeallocate != nil {
 					if parse, err := wire.DecodeParse(inspected); err == nil {
-						m.parse, m.deallocate, m.name = parse, true, s.textDeallocate
+						m.parse, m.deallocate = parse, s.textDeallocate
 					}
 				}
 			case !m.whole && msg.Length > maxWholeParseLen && s.renaming:
@@ -222,6 +247,13 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 			// A statement name that does not fit the inspected bytes is
 			// taken for the unnamed one: guarding it costs nothing wrong.
 			portal, statement, rest, err := wire.BindNames(inspected)
+			if err != nil && s.renaming && !m.whole && len(inspected) == inspectBindNames {
+				// The names are longer than pgtender looks at: it could
+				// rename neither them nor guard them.
+				return 0, false, fatalError(sqlstateProgramLimitExceeded, fmt.Sprintf(
+					"Bind with portal and statement names over %d bytes: pgtender renames prepared statements and looks at no more (Postgres keeps %d bytes of each name)",
+					inspectBindNames-2, maxStatementNameLen), nil)
+			}
 			if err != nil || len(statement) == 0 {
 				m.unnamed = unnamedUsed
 			} else {
@@ -244,7 +276,6 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 		default:
 			summary.needServer = true // a request, or let Postgres judge what it is
 		}
-		summary.messages = append(summary.messages, m)
 	}
 	forward = len(chunk) - s.scanner.UnreportedLen()
 	if discarding {
@@ -329,16 +360,22 @@ func (s *session) feedText(p []byte) {
 	effects := s.sql.Effects()
 	// DEALLOCATE and DISCARD ALL, whether run by a Query or by the
 	// unnamed statement of a Parse (psycopg 3 sends its commands so).
-	s.textDeallocate = nil
+	s.textDeallocate, s.textDrops = nil, dropsNone
 	if effects&sqlscan.DiscardAll != 0 {
-		s.chunk.forgetStatements = true
+		s.textDrops = dropsAll
 	}
 	if effects&sqlscan.Deallocate != 0 {
-		if name, all, ok := s.sql.SingleDeallocate(); ok && all {
-			s.chunk.forgetStatements = true
-		} else if ok && (s.textMessage == wire.MsgQuery || !s.textNamed) {
+		name, all, single := s.sql.SingleDeallocate()
+		switch {
+		case single && all:
+			s.textDrops = dropsAll
+		case single && (s.textMessage == wire.MsgQuery || !s.textNamed):
 			// The scanner's copy lasts only until its next text.
 			s.textDeallocate = bytes.Clone(name)
+		case s.textDrops == dropsNone:
+			// Among other statements, or run by a named statement: which
+			// it drops is not followed.
+			s.textDrops = dropsUnknown
 		}
 	}
 	if s.textMessage == wire.MsgParse {
@@ -426,9 +463,6 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 		s.linkServer(sc)
 	}
 	sc := s.server
-	if summary.forgetStatements && s.renamingLocked() {
-		s.forgetStatementsLocked(sc)
-	}
 	// Told before the bytes are written, so that no reply can arrive for
 	// a request the link does not know of.
 	edits := s.planChunkLocked(sc, summary, chunk)
@@ -709,7 +743,7 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 // means the server connection is out of step or broken. s.mu must be
 // held.
 func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) ([]byte, error) {
-	out := serverOutput{chunk: chunk, buf: s.serverOut[:0]}
+	out := serverOutput{chunk: chunk, buf: keptScratch(s.serverOut)}
 	defer func() { s.serverOut = out.buf[:0] }()
 	if sc.skip > 0 {
 		// The rest of a swallowed reply that began in an earlier chunk.
@@ -735,12 +769,17 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) ([]byte, e
 		if msg.Type == wire.MsgErrorResponse {
 			replaced = s.link.errorReplacement()
 			if stmt := s.link.owedStatement(); stmt != nil {
-				if code, message := wire.ErrorFields(msg.Body); string(code) == sqlstateFeatureNotSupported &&
-					bytes.HasPrefix(message, []byte(cachedPlanChanged)) {
+				switch code, message := wire.ErrorFields(msg.Body); {
+				case string(code) == sqlstateFeatureNotSupported && bytes.HasPrefix(message, []byte(cachedPlanChanged)):
 					// A table the statement reads changed shape: every
 					// client that prepared it gets this error once it
 					// uses it, as from its own backend.
 					sc.pool.statements.supersede(stmt)
+				case string(code) == sqlstateInvalidStatementName:
+					// sc does not hold it after all (something dropped it
+					// where pgtender could not see): prepared again next
+					// time.
+					sc.statements.remove(stmt)
 				}
 			}
 		}

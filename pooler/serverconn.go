@@ -43,8 +43,11 @@ type ServerConn struct {
 	// unnamed statement, and unnamedGeneration that session's count of
 	// unnamed statements at the time (nil: none, or one made by a simple
 	// Query or pgtender's own, which destroy it). See guardUnnamed.
-	unnamedOwner      uint64 // a session's serial; 0: none
+	unnamedOwner      uint64 // a session's serial; 0: none; unnamedUnknown
 	unnamedGeneration uint64
+	// unnamedOp is the op a Parse of the unnamed statement settles with
+	// (opUnnamed), one for the connection's life.
+	unnamedOp statementOp
 
 	processID uint32            // Postgres backend pid, for cancel requests
 	secretKey []byte            // cancel secret of that backend
@@ -202,6 +205,7 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.Ce
 		idleSince: now,
 	}
 	sc.scanner.Inspect = inspectServerMessage
+	sc.unnamedOp = statementOp{kind: opUnnamed, server: sc}
 	return sc, nil
 }
 

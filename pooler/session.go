@@ -112,6 +112,7 @@ type session struct {
 	// textDeallocate is the name of the DEALLOCATE the text followed last
 	// consists of, or nil.
 	textDeallocate []byte
+	textDrops      statementDrops // and what else it drops
 	// serial names the session for as long as the process runs;
 	// unnamedGeneration counts the unnamed statements it made or lost
 	// (planChunkLocked).
@@ -220,7 +221,6 @@ func newSession(p *Pooler, conn *net.TCPConn) *session {
 	s.link.reset()
 	s.cond.L = &s.mu
 	s.scanner.Inspect = inspectClientMessage
-	s.scanner.Whole = wholeClientMessage
 	s.statements = make(map[string]*preparedStatement)
 	return s
 }
@@ -462,6 +462,11 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	s.mu.Lock()
 	s.mode = pool.settings.Load().mode
 	s.renaming = pool.settings.Load().preparedStatements
+	if s.mode == config.PoolerModeTransaction {
+		// Statements renamed, and the unnamed one prepared again on
+		// another server connection, need their messages whole.
+		s.scanner.Whole = wholeClientMessage
+	}
 	s.mu.Unlock()
 	ctx, cancel := s.checkoutContext(deadline)
 	params, err := s.poolParameters(ctx, pool, requested)
