@@ -413,7 +413,7 @@ func (l *link) match(typ byte, body []byte) error {
 	if e != nil && e.synthetic {
 		// The session writes pgtender's replies before it passes on the
 		// server's next message (takeSynthetic).
-		return fmt.Errorf("%w: message type %q where pgtender's own reply to %s was due", errUnexpectedServerMessage, typ, e.kind)
+		return syntheticDueError(typ, e.kind)
 	}
 	if e == nil {
 		switch {
@@ -477,6 +477,14 @@ func (l *link) match(typ byte, body []byte) error {
 		return nil // rows, results, errors, COPY: all part of the query
 	}
 	return fmt.Errorf("%w: message type %q in reply to %s", errUnexpectedServerMessage, typ, e.kind)
+}
+
+// syntheticDueError is match's error for a server message that came where
+// pgtender's own reply was due; out of line, to keep match's frame small.
+//
+//go:noinline
+func syntheticDueError(typ byte, kind expectKind) error {
+	return fmt.Errorf("%w: message type %q where pgtender's own reply to %s was due", errUnexpectedServerMessage, typ, kind)
 }
 
 // meet pops the oldest expectation if typ is the reply it wants.

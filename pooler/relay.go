@@ -645,28 +645,8 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 			if s.woken && isTimeout(readErr) {
 				s.woken = false
 				_ = sc.conn.SetReadDeadline(time.Time{})
-				if replies := s.syntheticRepliesLocked(sc); len(replies) > 0 {
-					// Only this goroutine writes the server's side of the
-					// stream, so nothing can overtake them while mu is let
-					// go for the write (a client that does not read must not
-					// hold it).
-					readies, idleReadies := s.link.takeReadies()
-					s.mu.Unlock()
-					s.transactions.Add(int64(idleReadies))
-					sc.pool.stats.transactions.Add(uint64(idleReadies))
-					sc.pool.stats.queries.Add(uint64(readies))
-					writeErr := s.write(replies)
-					s.mu.Lock()
-					if writeErr != nil && !s.closing {
-						s.closing = true
-						s.mu.Unlock()
-						s.closeSocket()
-						return
-					}
-					if s.closing {
-						s.mu.Unlock()
-						return
-					}
+				if s.link.syntheticDue() && s.writeSyntheticLocked(sc) {
+					return
 				}
 				if s.releaseIfAtRestLocked(sc) {
 					return
@@ -744,7 +724,6 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 // held.
 func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) ([]byte, error) {
 	out := serverOutput{chunk: chunk, buf: keptScratch(s.serverOut)}
-	defer func() { s.serverOut = out.buf[:0] }()
 	if sc.skip > 0 {
 		// The rest of a swallowed reply that began in an earlier chunk.
 		end := min(sc.skip, len(chunk))
@@ -762,26 +741,12 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) ([]byte, e
 		if !ok {
 			break
 		}
-		if !isAsynchronous(msg.Type) {
+		if s.link.synthetics > 0 && !isAsynchronous(msg.Type) {
 			s.insertSyntheticLocked(&out, msg.Start)
 		}
 		var replaced *statementOp
 		if msg.Type == wire.MsgErrorResponse {
-			replaced = s.link.errorReplacement()
-			if stmt := s.link.owedStatement(); stmt != nil {
-				switch code, message := wire.ErrorFields(msg.Body); {
-				case string(code) == sqlstateFeatureNotSupported && bytes.HasPrefix(message, []byte(cachedPlanChanged)):
-					// A table the statement reads changed shape: every
-					// client that prepared it gets this error once it
-					// uses it, as from its own backend.
-					sc.pool.statements.supersede(stmt)
-				case string(code) == sqlstateInvalidStatementName:
-					// sc does not hold it after all (something dropped it
-					// where pgtender could not see): prepared again next
-					// time.
-					sc.statements.remove(stmt)
-				}
-			}
+			replaced = s.takeServerErrorLocked(sc, msg.Body)
 		}
 		swallow, err := s.link.serverMessage(msg.Type, msg.Body)
 		if err != nil {
@@ -796,7 +761,7 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) ([]byte, e
 				end = len(chunk)
 			}
 			if replaced != nil {
-				out.insert(msg.Start, appendReplacedError(s.replyScratch[:0], replaced))
+				s.insertReplacedErrorLocked(&out, msg.Start, replaced)
 			}
 			out.cut(msg.Start, end)
 		}
@@ -810,12 +775,49 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) ([]byte, e
 		}
 	}
 	forwardEnd := len(chunk) - sc.scanner.UnreportedLen()
-	if sc.scanner.UnreportedLen() > 0 || sc.scanner.AtBoundary() {
+	if s.link.synthetics > 0 && (sc.scanner.UnreportedLen() > 0 || sc.scanner.AtBoundary()) {
 		// Between two messages: pgtender's replies due now go here.
 		s.insertSyntheticLocked(&out, forwardEnd)
 	}
-	s.applySettledLocked()
-	return out.result(forwardEnd), nil
+	if len(s.link.settled) > 0 {
+		s.applySettledLocked()
+	}
+	result := out.result(forwardEnd)
+	s.serverOut = out.buf[:0]
+	return result, nil
+}
+
+// insertReplacedErrorLocked puts the error op says in place of the
+// server's into out at offset at. Out of line, as takeServerErrorLocked
+// is.
+//
+//go:noinline
+func (s *session) insertReplacedErrorLocked(out *serverOutput, at int, op *statementOp) {
+	s.replyScratch = appendReplacedError(s.replyScratch[:0], op)
+	out.insert(at, s.replyScratch)
+}
+
+// takeServerErrorLocked takes in an ErrorResponse before the link does,
+// and returns the op whose error replaces it, if any. It is kept out of
+// line: readServer starts on a small stack with each link, and the usual
+// chunk has no error (see docs/PERFORMANCE.md).
+//
+//go:noinline
+func (s *session) takeServerErrorLocked(sc *ServerConn, body []byte) *statementOp {
+	if stmt := s.link.owedStatement(); stmt != nil {
+		switch code, message := wire.ErrorFields(body); {
+		case string(code) == sqlstateFeatureNotSupported && bytes.HasPrefix(message, []byte(cachedPlanChanged)):
+			// A table the statement reads changed shape: every client
+			// that prepared it gets this error once it uses it, as from
+			// its own backend.
+			sc.pool.statements.supersede(stmt)
+		case string(code) == sqlstateInvalidStatementName:
+			// sc does not hold it after all (something dropped it where
+			// pgtender could not see): prepared again next time.
+			sc.statements.remove(stmt)
+		}
+	}
+	return s.link.errorReplacement()
 }
 
 // isAsynchronous reports whether a server message may come at any time,
@@ -839,6 +841,41 @@ func (s *session) insertSyntheticLocked(out *serverOutput, at int) {
 			e.op.undo(s)
 		}
 	}
+}
+
+// writeSyntheticLocked writes pgtender's replies that are due, for
+// readServer woken with nothing from the server, and reports whether
+// readServer must stop: the client is gone, or the session is closing.
+// Only readServer writes the server's side of the stream, so nothing can
+// overtake the replies while mu is let go for the write (a client that
+// does not read must not hold it). s.mu must be held; it is held on
+// return when the result is false, released when true. Out of line, as
+// takeServerErrorLocked is.
+//
+//go:noinline
+func (s *session) writeSyntheticLocked(sc *ServerConn) bool {
+	replies := s.syntheticRepliesLocked(sc)
+	if len(replies) == 0 {
+		return false
+	}
+	readies, idleReadies := s.link.takeReadies()
+	s.mu.Unlock()
+	s.transactions.Add(int64(idleReadies))
+	sc.pool.stats.transactions.Add(uint64(idleReadies))
+	sc.pool.stats.queries.Add(uint64(readies))
+	writeErr := s.write(replies)
+	s.mu.Lock()
+	if writeErr != nil && !s.closing {
+		s.closing = true
+		s.mu.Unlock()
+		s.closeSocket()
+		return true
+	}
+	if s.closing {
+		s.mu.Unlock()
+		return true
+	}
+	return false
 }
 
 // syntheticRepliesLocked returns pgtender's replies that are due, for
@@ -997,15 +1034,28 @@ func (s *session) releaseLocked(sc *ServerConn) {
 	s.server = nil
 	s.setState(stateIdle)
 	s.mu.Unlock()
-	if err := sc.resetUnknownStatements(sc.pool.settings.Load().rollbackTimeout); err != nil {
-		s.pooler.log.Info("could not reset a server connection's prepared statements; closing it", s.logFields(zap.Error(err))...)
-		sc.pool.Discard(sc)
+	if sc.statements.unknown {
+		s.resetAndRelease(sc)
 	} else {
 		sc.pool.Release(sc)
 	}
 	if s.pooler.draining.Load() {
 		s.endIfIdle()
 	}
+}
+
+// resetAndRelease resets sc's prepared statements (resetUnknownStatements)
+// and gives it back to the pool, or closes it. Out of line, as
+// takeServerErrorLocked is.
+//
+//go:noinline
+func (s *session) resetAndRelease(sc *ServerConn) {
+	if err := sc.resetUnknownStatements(sc.pool.settings.Load().rollbackTimeout); err != nil {
+		s.pooler.log.Info("could not reset a server connection's prepared statements; closing it", s.logFields(zap.Error(err))...)
+		sc.pool.Discard(sc)
+		return
+	}
+	sc.pool.Release(sc)
 }
 
 // releasableLocked reports whether sc is at the release point, apart from a
