@@ -241,6 +241,11 @@ func (l *link) inject(typ byte, op *statementOp, replaceError bool) {
 		l.push(expectParse)
 	case wire.MsgClose:
 		l.push(expectClose)
+	case wire.MsgQuery:
+		l.push(expectQuery)
+		e := &l.expected[len(l.expected)-1]
+		e.swallow, e.op = true, op
+		return // a Query opens no batch
 	default:
 		panic(fmt.Sprintf("link: cannot inject message type %q", typ))
 	}
@@ -469,6 +474,9 @@ func (l *link) match(typ byte, body []byte) error {
 	case expectQuery:
 		switch typ {
 		case wire.MsgReadyForQuery:
+			// pgtender's own Query counts too: it ran on the server, and
+			// its ReadyForQuery is what makes the reader look for the
+			// release point.
 			l.pop()
 			return l.ready(body)
 		case wire.MsgCopyInResponse:

@@ -447,3 +447,38 @@ func TestLinkRefusesServerReplyBeforeSyntheticOne(t *testing.T) {
 		t.Fatalf("got %v, want errUnexpectedServerMessage", err)
 	}
 }
+
+// TestLinkInjectedQuery: a Query of pgtender's own after the client's is
+// answered in full by the server, every reply swallowed but an error and
+// the asynchronous ones; its ReadyForQuery counts as any other, so that
+// the reader looks for the release point after it.
+func TestLinkInjectedQuery(t *testing.T) {
+	var l link
+	l.reset()
+	l.clientMessage(wire.MsgQuery)
+	l.inject(wire.MsgQuery, nil, false)
+	var got []byte
+	for _, m := range []struct {
+		typ  byte
+		body []byte
+	}{
+		{'C', nil}, {'Z', []byte{'I'}}, // the client's RESET ALL
+		{'S', nil}, {'T', nil}, {'D', nil}, {'C', nil}, {'Z', []byte{'I'}}, // pgtender's SELECT set_config(...)
+	} {
+		swallow, err := l.serverMessage(m.typ, m.body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if swallow {
+			got = append(got, 's')
+		} else {
+			got = append(got, '-')
+		}
+	}
+	if want := "---ssss"; string(got) != want {
+		t.Errorf("swallowed %s, want %s", got, want)
+	}
+	if readies, _ := l.takeReadies(); readies != 2 || !l.atRest() {
+		t.Errorf("readies %d, at rest %v; want 2, true", readies, l.atRest())
+	}
+}

@@ -437,8 +437,41 @@ func (s *session) planChunkLocked(sc *ServerConn, summary *chunkSummary, chunk [
 		if m.unnamed == unnamedParsed {
 			s.link.attach(&sc.unnamedOp)
 		}
+		switch {
+		case m.resets && m.typ == wire.MsgQuery && m.whole:
+			s.restoreStartupLocked(m.end)
+		case m.resets && m.typ == wire.MsgParse && m.unnamed == unnamedParsed:
+			// Run by the Execute of this batch (psycopg 3 sends its
+			// commands so); a named statement's Execute, maybe in a
+			// later batch, is not followed.
+			s.restoreAfterSync = true
+		case m.typ == wire.MsgSync && s.restoreAfterSync && m.whole:
+			s.restoreAfterSync = false
+			s.restoreStartupLocked(m.end)
+		}
 	}
 	return s.edits
+}
+
+// restoreStartupLocked puts, at offset at, a Query of pgtender's that sets
+// the client's startup settings again, after a RESET ALL or DISCARD ALL of
+// the client's: those put every setting back to its session-start value,
+// which on a direct connection is the startup packet's, and on a pooled
+// one is the server connection's own. The client's next statement on the
+// same link must see its startup values, as it would on its own backend.
+// The Query's replies are swallowed (its ParameterStatus messages, which
+// the client would have had from its RESET, go through). Not in a failed
+// transaction, where the client's RESET failed too. s.mu must be held.
+func (s *session) restoreStartupLocked(at int) {
+	if len(s.startupSettings) == 0 || s.mode != config.PoolerModeTransaction || s.link.txStatus == wire.TxFailed {
+		return
+	}
+	statements := alignStatements(s.startupSettings, nil)
+	if statements == "" {
+		return
+	}
+	s.insertFunc(at, func(dst []byte) []byte { return wire.AppendQuery(dst, statements) })
+	s.link.inject(wire.MsgQuery, nil, false)
 }
 
 // planUnnamedLocked keeps sc's unnamed statement the client's own (see

@@ -128,6 +128,9 @@ type clientMessage struct {
 	deallocate []byte
 	// drops: its text, whole in this chunk, drops prepared statements.
 	drops statementDrops
+	// resets: its text, whole in this chunk, puts every setting back to
+	// its session-start value (RESET ALL, DISCARD ALL).
+	resets bool
 }
 
 // statementDrops is what a text does to prepared statements, besides a
@@ -214,7 +217,7 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 			body := msg.Start + wire.HeaderLen
 			s.feedText(chunk[body:min(body+msg.Length, len(chunk))])
 			if s.textLeft == 0 {
-				m.drops = s.textDrops
+				m.drops, m.resets = s.textDrops, s.textResets
 			}
 			switch {
 			case msg.Type == wire.MsgQuery:
@@ -361,6 +364,7 @@ func (s *session) feedText(p []byte) {
 	// DEALLOCATE and DISCARD ALL, whether run by a Query or by the
 	// unnamed statement of a Parse (psycopg 3 sends its commands so).
 	s.textDeallocate, s.textDrops = nil, dropsNone
+	s.textResets = effects&sqlscan.ResetsAll != 0
 	if effects&sqlscan.DiscardAll != 0 {
 		s.textDrops = dropsAll
 	}

@@ -113,6 +113,11 @@ type session struct {
 	// consists of, or nil.
 	textDeallocate []byte
 	textDrops      statementDrops // and what else it drops
+	textResets     bool           // it has RESET ALL or DISCARD ALL
+	// restoreAfterSync: a Parse of RESET ALL or DISCARD ALL passed; the
+	// client's startup settings are restored after the batch's Sync
+	// (restoreStartupLocked).
+	restoreAfterSync bool
 	// serial names the session for as long as the process runs;
 	// unnamedGeneration counts the unnamed statements it made or lost
 	// (planChunkLocked).

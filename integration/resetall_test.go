@@ -1,0 +1,95 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// TestResetAllKeepsStartupSettings: RESET ALL and DISCARD ALL put every
+// setting back to its session-start value, which for a client is what its
+// startup packet said. A client that sends its next statement in the same
+// write (a pipeline), so that it runs on the same server connection before
+// pgtender could look, must see its startup search_path, not the server
+// connection's own, both as simple queries and as psycopg 3 sends them
+// (Parse, Bind, Execute, Sync of the unnamed statement). Run straight to
+// Postgres and through pgtender; the answers must agree.
+func TestResetAllKeepsStartupSettings(t *testing.T) {
+	tp := startPooler(t, poolerOptions{
+		general: `passthrough_auth = "enabled_plain"
+pooler_mode = "transaction"`,
+		pool: "pool_size = 1",
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	run := func(t *testing.T, dsn string, extended bool, reset string) string {
+		cfg, err := pgconn.ParseConfig(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RuntimeParams["options"] = "-c search_path=startup_path"
+		conn, err := pgconn.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A SET first, so that the RESET has something to undo.
+		if _, err := conn.Exec(ctx, "SET search_path = elsewhere").ReadAll(); err != nil {
+			t.Fatal(err)
+		}
+		hijacked, err := conn.Hijack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hijacked.Conn.Close()
+		fe := hijacked.Frontend
+		if extended {
+			for _, sql := range []string{reset, "SHOW search_path"} {
+				fe.Send(&pgproto3.Parse{Query: sql})
+				fe.Send(&pgproto3.Bind{})
+				fe.Send(&pgproto3.Describe{ObjectType: 'P'})
+				fe.Send(&pgproto3.Execute{})
+				fe.Send(&pgproto3.Sync{})
+			}
+		} else {
+			fe.Send(&pgproto3.Query{String: reset})
+			fe.Send(&pgproto3.Query{String: "SHOW search_path"})
+		}
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		_ = hijacked.Conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		var shown string
+		for readies := 0; readies < 2; {
+			msg, err := fe.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch msg := msg.(type) {
+			case *pgproto3.DataRow:
+				shown = string(msg.Values[0])
+			case *pgproto3.ErrorResponse:
+				t.Fatalf("error: %s %s", msg.Code, msg.Message)
+			case *pgproto3.ReadyForQuery:
+				readies++
+			}
+		}
+		return shown
+	}
+	for _, extended := range []bool{false, true} {
+		for _, reset := range []string{"RESET ALL", "DISCARD ALL"} {
+			t.Run(fmt.Sprintf("%s/extended=%v", reset, extended), func(t *testing.T) {
+				direct := run(t, pg.ConnString(appUser, appPassword, appDB), extended, reset)
+				if direct != "startup_path" {
+					t.Fatalf("direct: search_path %q after %s, want startup_path (the test is wrong)", direct, reset)
+				}
+				if pooled := run(t, tp.connString(appUser, appPassword, appDB), extended, reset); pooled != direct {
+					t.Errorf("through pgtender: search_path %q after %s, straight to Postgres %q", pooled, reset, direct)
+				}
+			})
+		}
+	}
+}
