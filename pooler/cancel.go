@@ -135,7 +135,7 @@ func (p *Pooler) cancelRequest(remote net.Addr, processID uint32, secret []byte)
 	}
 	target.mu.Lock()
 	sc := target.server
-	if sc == nil || target.closing {
+	if sc == nil || target.closingLocked() {
 		target.mu.Unlock()
 		p.cancels.noServer.Add(1)
 		return

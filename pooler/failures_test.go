@@ -417,7 +417,7 @@ func TestServerLostMidTransactionDoesNotRelink(t *testing.T) {
 	writeRaw(t, conn, encodeMsgs(t, &pgproto3.Query{String: next}))
 	waitFor(t, "the session to refuse the statement or run it on another server", func() bool {
 		s.mu.Lock()
-		closing := s.closing
+		closing := s.closingLocked()
 		s.mu.Unlock()
 		return closing || ranElsewhere() != nil
 	})

@@ -427,10 +427,7 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 		// transaction left; it may release it after.
 		s.cond.Wait()
 	}
-	if s.serverFailed {
-		// The session's server connection failed under it; whatever the
-		// client sends now belongs to work that is lost, so it must not run
-		// on another server connection.
+	if s.stateLocked() == stateServerLost {
 		s.mu.Unlock()
 		return fatalError(sqlstateConnectionFailure, "server connection lost", nil)
 	}
@@ -459,7 +456,7 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 				message: "could not prepare a server connection for this client", err: err})
 		}
 		s.mu.Lock()
-		if s.closing || s.ended || s.pooler.draining.Load() {
+		if s.stateLocked() >= stateShuttingDown || s.pooler.draining.Load() {
 			s.mu.Unlock()
 			s.pool.Release(sc)
 			return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
@@ -642,7 +639,7 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 		n, readErr := sc.conn.Read(sc.buf[sc.carried:])
 		if n == 0 && readErr != nil {
 			s.mu.Lock()
-			if s.closing {
+			if s.closingLocked() {
 				s.mu.Unlock()
 				return // finish takes sc over
 			}
@@ -693,15 +690,15 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 		}
 
 		s.mu.Lock()
-		if writeErr != nil && !s.closing {
+		if writeErr != nil && !s.closingLocked() {
 			// The client is gone. Closing its connection wakes serve,
 			// whose finish takes sc over.
-			s.closing = true
+			s.endLocked(stateClosing)
 			s.mu.Unlock()
 			s.closeSocket()
 			return
 		}
-		if s.closing {
+		if s.closingLocked() {
 			s.mu.Unlock()
 			return
 		}
@@ -869,13 +866,13 @@ func (s *session) writeSyntheticLocked(sc *ServerConn) bool {
 	sc.pool.stats.queries.Add(uint64(readies))
 	writeErr := s.write(replies)
 	s.mu.Lock()
-	if writeErr != nil && !s.closing {
-		s.closing = true
+	if writeErr != nil && !s.closingLocked() {
+		s.endLocked(stateClosing)
 		s.mu.Unlock()
 		s.closeSocket()
 		return true
 	}
-	if s.closing {
+	if s.closingLocked() {
 		s.mu.Unlock()
 		return true
 	}
@@ -957,8 +954,7 @@ func (s *session) dropServer(sc *ServerConn, err error) {
 	s.mu.Lock()
 	s.unpinLocked(sc)
 	s.server = nil
-	s.serverFailed = true
-	s.setState(stateIdle)
+	s.endLocked(stateServerLost)
 	s.mu.Unlock()
 	sc.pool.Discard(sc)
 	s.serverLost(err)
@@ -980,13 +976,13 @@ func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 	for s.writing {
 		s.cond.Wait()
 	}
-	if s.closing || s.server != sc || !s.releasableLocked(sc) {
+	if s.closingLocked() || s.server != sc || !s.releasableLocked(sc) {
 		return false
 	}
 	if s.probeDueLocked() {
 		release, err := s.probeAtRest(sc)
 		if err != nil {
-			if s.closing {
+			if s.closingLocked() {
 				// The client left during the probe (finish woke the read):
 				// the connection is mid-reply, and nobody needs the result.
 				s.unpinLocked(sc)
@@ -1001,7 +997,7 @@ func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 			s.dropServer(sc, err)
 			return true
 		}
-		if !release || s.closing || s.server != sc || !s.releasableLocked(sc) {
+		if !release || s.closingLocked() || s.server != sc || !s.releasableLocked(sc) {
 			// Pinned, or the client sent more meanwhile.
 			return false
 		}
@@ -1025,7 +1021,7 @@ func (s *session) wakeReaderLocked(sc *ServerConn) {
 // may look at: then waking readServer (wakeReaderLocked) lets it release.
 // s.mu must be held.
 func (s *session) mayReleaseLocked() bool {
-	return !s.closing && s.mode == config.PoolerModeTransaction && s.cancelsInFlight == 0 && s.link.atRest()
+	return !s.closingLocked() && s.mode == config.PoolerModeTransaction && s.cancelsInFlight == 0 && s.link.atRest()
 }
 
 // releaseLocked unlinks sc and gives it back to the pool. s.mu must be held
@@ -1036,7 +1032,9 @@ func (s *session) releaseLocked(sc *ServerConn) {
 		_ = sc.conn.SetReadDeadline(time.Time{})
 	}
 	s.server = nil
-	s.setState(stateIdle)
+	if s.stateLocked() == stateLinked {
+		s.setState(stateIdle)
+	}
 	s.mu.Unlock()
 	if sc.statements.unknown {
 		s.resetAndRelease(sc)
@@ -1086,7 +1084,7 @@ func (s *session) serverLost(err error) {
 // or closes it.
 func (s *session) finish() {
 	s.mu.Lock()
-	s.closing = true
+	s.endLocked(stateClosing)
 	sc, done := s.server, s.readerDone
 	if sc != nil {
 		s.wakeReaderLocked(sc) // it sees closing and hands sc over
@@ -1231,11 +1229,11 @@ func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, t
 func (s *session) endIfIdle() {
 	s.mu.Lock()
 	betweenTransactions := s.mode == config.PoolerModeSession && !s.writing && s.link.atRest()
-	if (s.server != nil && !betweenTransactions) || s.ended {
+	if (s.server != nil && !betweenTransactions) || s.stateLocked() >= stateShuttingDown {
 		s.mu.Unlock()
 		return
 	}
-	s.ended = true
+	s.endLocked(stateShuttingDown)
 	s.mu.Unlock()
 	s.sendError(wire.SeverityFatal, sqlstateAdminShutdown, "pgtender is shutting down")
 	s.closeSocket()
@@ -1244,8 +1242,7 @@ func (s *session) endIfIdle() {
 // forceClose ends the session at once, whatever it is doing.
 func (s *session) forceClose() {
 	s.mu.Lock()
-	s.ended = true
-	s.closing = true // readServer hands the server to finish, which closes it
+	s.endLocked(stateClosing) // readServer hands the server to finish, which closes it
 	if sc := s.server; sc != nil {
 		// Under s.mu, so sc cannot have gone back to the pool meanwhile.
 		// The write deadline ends a write of serve's that the server does

@@ -584,3 +584,29 @@ func TestExtendedCopyFailReleasesServer(t *testing.T) {
 		t.Fatalf("another client: pid %d, err %v; want backend %d released to the pool", pid, err, server.pid)
 	}
 }
+
+// TestSessionEndsOnlyForward: once a session heads for its end its state
+// only moves forward, whatever order the causes come in (a server lost,
+// a shutdown, the client leaving), and only stateClosing hands a server
+// connection over.
+func TestSessionEndsOnlyForward(t *testing.T) {
+	for _, order := range [][]clientState{
+		{stateServerLost, stateShuttingDown, stateClosing},
+		{stateClosing, stateServerLost, stateShuttingDown},
+		{stateShuttingDown, stateServerLost},
+	} {
+		s := &session{}
+		s.setState(stateLinked)
+		want := stateLinked
+		for _, next := range order {
+			s.endLocked(next)
+			want = max(want, next)
+			if got := s.stateLocked(); got != want {
+				t.Fatalf("%v: after %v the state is %v, want %v", order, next, got, want)
+			}
+			if s.closingLocked() != (want == stateClosing) {
+				t.Fatalf("%v: closingLocked %v in %v", order, s.closingLocked(), want)
+			}
+		}
+	}
+}

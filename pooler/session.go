@@ -34,14 +34,18 @@ var clientBufferPool = sync.Pool{New: func() any {
 	return &b
 }}
 
-// clientState is where a client session is in its life. The legal
-// transitions are
+// clientState is where a client session is in its life, and what the
+// relay does depends on it. The legal transitions are
 //
 //	stateStartup → stateAuth → stateReady → stateIdle
 //	stateIdle ⇄ stateLinked (a server connection is linked to the client)
-//	any state → stateClosed
+//	stateLinked → stateServerLost (the linked server connection failed)
+//	stateIdle, stateLinked, stateServerLost → stateShuttingDown
+//	any state → stateClosing → stateClosed
 //
-// and setState is the only writer.
+// From stateServerLost on the states only move forward (endLocked), and
+// nothing links a server connection any more. After login they change
+// under the session's mu; setState is the only writer.
 type clientState int32
 
 const (
@@ -50,6 +54,16 @@ const (
 	stateReady                      // sending the pool's parameters and ReadyForQuery
 	stateIdle                       // logged in, no server connection linked
 	stateLinked                     // a server connection is linked
+	// stateServerLost: the linked server connection failed; whatever the
+	// client sends now belongs to work that is lost, so it must not run
+	// on another server connection. The client is told and closed.
+	stateServerLost
+	// stateShuttingDown: pgtender ended the session for a shutdown (the
+	// client is told 57P01), or is ending it once its transaction ends.
+	stateShuttingDown
+	// stateClosing: the session is ending; readServer hands a linked
+	// server connection over to finish, and nothing is released.
+	stateClosing
 	stateClosed
 )
 
@@ -65,6 +79,12 @@ func (s clientState) String() string {
 		return "idle"
 	case stateLinked:
 		return "linked"
+	case stateServerLost:
+		return "server lost"
+	case stateShuttingDown:
+		return "shutting down"
+	case stateClosing:
+		return "closing"
 	case stateClosed:
 		return "closed"
 	}
@@ -156,7 +176,6 @@ type session struct {
 	readerDone chan struct{} // closed when the current readServer returns
 	link       link          // protocol state of the link to server (link.go)
 	writing    bool          // serve is writing client bytes to server
-	closing    bool          // the session is ending: readServer hands the server back
 	discarding bool          // after a failed checkout: drop extended messages until Sync
 	// woken says a read deadline in the past was given to the server
 	// connection to make readServer look at the session again
@@ -165,11 +184,7 @@ type session struct {
 	// cancelsInFlight counts cancel requests being forwarded to the linked
 	// server; the link is not released until they are delivered.
 	cancelsInFlight int
-	// serverFailed says the linked server connection failed; the session
-	// is ending and must not link another.
-	serverFailed bool
-	ended        bool // ended by shutdown
-	mode         config.PoolerMode
+	mode            config.PoolerMode
 	// settings are the client's session settings (params.go): what each
 	// server connection it is linked to must carry. Replaced, never
 	// changed in place, so alignServer may read it without the lock held.
@@ -234,6 +249,26 @@ func (s *session) setState(state clientState) {
 	s.state.Store(int32(state))
 }
 
+// stateLocked returns the session's state. After login s.mu must be held.
+func (s *session) stateLocked() clientState {
+	return clientState(s.state.Load())
+}
+
+// endLocked moves the session toward its end: to state, one of
+// stateServerLost, stateShuttingDown and stateClosing, unless it is there
+// or further already. s.mu must be held.
+func (s *session) endLocked(state clientState) {
+	if s.stateLocked() < state {
+		s.setState(state)
+	}
+}
+
+// closingLocked reports whether the session is ending (stateClosing):
+// readServer must hand its server connection over. s.mu must be held.
+func (s *session) closingLocked() bool {
+	return s.stateLocked() >= stateClosing
+}
+
 // serve runs the session to its end. A panic is logged with its stack and
 // ends only this session.
 func (s *session) serve() {
@@ -257,7 +292,7 @@ func (s *session) serve() {
 	}
 	err = s.relay()
 	s.mu.Lock()
-	s.closing = true // from here on nothing links or releases; finish cleans up
+	s.endLocked(stateClosing) // from here on nothing links or releases; finish cleans up
 	s.mu.Unlock()
 	if !isNormalClose(err) {
 		var ce *clientError
