@@ -11,13 +11,13 @@ import (
 	"time"
 )
 
-// TestDriversPsycopg3 runs Debian's psycopg 3 threads, each with its own
-// connection, at its default prepare_threshold (5: named statements from a
-// query's fifth execution), at 0 (named at once) and at None (never named;
-// this one runs through pgtender today).
+// TestDriversPsycopg3 runs 32 of Debian's psycopg 3 threads, each with its
+// own connection, at its default prepare_threshold (5: named statements
+// from a query's fifth execution), at 0 (named at once) and at None (never
+// named).
 func TestDriversPsycopg3(t *testing.T) {
 	python := pythonModule(t, "psycopg", "python3-psycopg")
-	const threads, perThread = 8, 100
+	const threads, perThread = 32, 25
 	for _, m := range []struct {
 		threshold string
 		needs     []poolerFeature
