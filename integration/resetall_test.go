@@ -15,9 +15,10 @@ import (
 // startup packet said. A client that sends its next statement in the same
 // write (a pipeline), so that it runs on the same server connection before
 // pgtender could look, must see its startup search_path, not the server
-// connection's own, both as simple queries and as psycopg 3 sends them
-// (Parse, Bind, Execute, Sync of the unnamed statement). Run straight to
-// Postgres and through pgtender; the answers must agree.
+// connection's own: as simple queries, as psycopg 3 sends them (Parse,
+// Bind, Execute, Sync of the unnamed statement), and with the reset a
+// named prepared statement prepared earlier (pgx's statement cache). Run
+// straight to Postgres and through pgtender; the answers must agree.
 func TestResetAllKeepsStartupSettings(t *testing.T) {
 	tp := startPooler(t, poolerOptions{
 		general: `passthrough_auth = "enabled_plain"
@@ -26,7 +27,7 @@ pooler_mode = "transaction"`,
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	run := func(t *testing.T, dsn string, extended bool, reset string) string {
+	run := func(t *testing.T, dsn string, mode, reset string) string {
 		cfg, err := pgconn.ParseConfig(dsn)
 		if err != nil {
 			t.Fatal(err)
@@ -46,7 +47,12 @@ pooler_mode = "transaction"`,
 		}
 		defer hijacked.Conn.Close()
 		fe := hijacked.Frontend
-		if extended {
+		_ = hijacked.Conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		switch mode {
+		case "simple":
+			fe.Send(&pgproto3.Query{String: reset})
+			fe.Send(&pgproto3.Query{String: "SHOW search_path"})
+		case "unnamed":
 			for _, sql := range []string{reset, "SHOW search_path"} {
 				fe.Send(&pgproto3.Parse{Query: sql})
 				fe.Send(&pgproto3.Bind{})
@@ -54,14 +60,33 @@ pooler_mode = "transaction"`,
 				fe.Send(&pgproto3.Execute{})
 				fe.Send(&pgproto3.Sync{})
 			}
-		} else {
-			fe.Send(&pgproto3.Query{String: reset})
-			fe.Send(&pgproto3.Query{String: "SHOW search_path"})
+		case "named":
+			fe.Send(&pgproto3.Parse{Name: "reset", Query: reset})
+			fe.Send(&pgproto3.Sync{})
+			if err := fe.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				msg, err := fe.Receive()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
+					break
+				}
+			}
+			fe.Send(&pgproto3.Bind{PreparedStatement: "reset"})
+			fe.Send(&pgproto3.Execute{})
+			fe.Send(&pgproto3.Sync{})
+			fe.Send(&pgproto3.Parse{Query: "SHOW search_path"})
+			fe.Send(&pgproto3.Bind{})
+			fe.Send(&pgproto3.Describe{ObjectType: 'P'})
+			fe.Send(&pgproto3.Execute{})
+			fe.Send(&pgproto3.Sync{})
 		}
 		if err := fe.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		_ = hijacked.Conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 		var shown string
 		for readies := 0; readies < 2; {
 			msg, err := fe.Receive()
@@ -79,14 +104,17 @@ pooler_mode = "transaction"`,
 		}
 		return shown
 	}
-	for _, extended := range []bool{false, true} {
+	for _, mode := range []string{"simple", "unnamed", "named"} {
 		for _, reset := range []string{"RESET ALL", "DISCARD ALL"} {
-			t.Run(fmt.Sprintf("%s/extended=%v", reset, extended), func(t *testing.T) {
-				direct := run(t, pg.ConnString(appUser, appPassword, appDB), extended, reset)
+			if mode == "named" && reset == "DISCARD ALL" {
+				continue // it would drop the statement itself
+			}
+			t.Run(fmt.Sprintf("%s/%s", reset, mode), func(t *testing.T) {
+				direct := run(t, pg.ConnString(appUser, appPassword, appDB), mode, reset)
 				if direct != "startup_path" {
 					t.Fatalf("direct: search_path %q after %s, want startup_path (the test is wrong)", direct, reset)
 				}
-				if pooled := run(t, tp.connString(appUser, appPassword, appDB), extended, reset); pooled != direct {
+				if pooled := run(t, tp.connString(appUser, appPassword, appDB), mode, reset); pooled != direct {
 					t.Errorf("through pgtender: search_path %q after %s, straight to Postgres %q", pooled, reset, direct)
 				}
 			})

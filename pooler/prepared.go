@@ -74,6 +74,9 @@ type preparedStatement struct {
 	name  []byte // the server-side name
 	parse []byte // a whole Parse message preparing it under name
 	key   string // its registry key
+	// resets: its text has RESET ALL or DISCARD ALL (restoreStartupLocked
+	// follows its execution).
+	resets bool
 	// prepared: Postgres has prepared it on some server connection, so
 	// its text is valid SQL (under the search_path in its key).
 	prepared atomic.Bool
@@ -108,7 +111,7 @@ func statementKey(dst []byte, searchPath string, parse wire.Parse) []byte {
 
 // intern returns the pool's statement for key (statementKey), making it
 // from parse when there is none.
-func (r *statementRegistry) intern(key []byte, parse wire.Parse) *preparedStatement {
+func (r *statementRegistry) intern(key []byte, parse wire.Parse, resets bool) *preparedStatement {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if stmt, ok := r.byKey[string(key)]; ok {
@@ -118,7 +121,7 @@ func (r *statementRegistry) intern(key []byte, parse wire.Parse) *preparedStatem
 		r.byKey = make(map[string]*preparedStatement)
 	}
 	name := strconv.AppendUint([]byte(serverStatementPrefix), serverStatementNames.Add(1), 10)
-	stmt := &preparedStatement{name: name, parse: wire.AppendParse(nil, name, parse.Query, parse.ParamTypes), key: string(key)}
+	stmt := &preparedStatement{name: name, parse: wire.AppendParse(nil, name, parse.Query, parse.ParamTypes), key: string(key), resets: resets}
 	for k, old := range r.byKey { // any ones: Go's map order is unspecified
 		if len(r.byKey) < maxPoolStatements && r.bytes+stmt.size() <= maxPoolStatementBytes {
 			break
@@ -442,8 +445,8 @@ func (s *session) planChunkLocked(sc *ServerConn, summary *chunkSummary, chunk [
 			s.restoreStartupLocked(m.end)
 		case m.resets && m.typ == wire.MsgParse && m.unnamed == unnamedParsed:
 			// Run by the Execute of this batch (psycopg 3 sends its
-			// commands so); a named statement's Execute, maybe in a
-			// later batch, is not followed.
+			// commands so); a named one is followed at its Bind
+			// (renameLocked).
 			s.restoreAfterSync = true
 		case m.typ == wire.MsgSync && s.restoreAfterSync && m.whole:
 			s.restoreAfterSync = false
@@ -532,6 +535,9 @@ func (s *session) renameLocked(sc *ServerConn, m *clientMessage) bool {
 		s.endEdit()
 		s.link.clientMessage(m.typ)
 		s.link.attachStatement(stmt)
+		if stmt.resets {
+			s.restoreAfterSync = true // it runs in this batch
+		}
 		return true
 	case m.typ == wire.MsgDescribe && m.target == wire.TargetStatement && len(m.name) > 0:
 		stmt := s.statements[string(statementName(m.name))]
@@ -585,7 +591,7 @@ func (s *session) planParseLocked(sc *ServerConn, m *clientMessage) {
 		return
 	}
 	s.keyScratch = statementKey(s.keyScratch[:0], s.settings["search_path"].value, m.parse)
-	stmt := sc.pool.statements.intern(s.keyScratch, m.parse)
+	stmt := sc.pool.statements.intern(s.keyScratch, m.parse, m.resets)
 	s.statements[name] = stmt
 	op := &statementOp{kind: opDefine, name: name, stmt: stmt}
 	// Answered by pgtender only when Postgres is known to hold it here and
