@@ -62,8 +62,8 @@ func (k *keySource) uint32() uint32 {
 }
 
 // processID returns an id in (maxLinuxPID, math.MaxInt32], uniformly: 31
-// random bits, drawn again when they fall at or below maxLinuxPID (a
-// draw in 500).
+// random bits, drawn again when they fall at or below maxLinuxPID (1 draw
+// in 512).
 func (k *keySource) processID() uint32 {
 	for {
 		if id := k.uint32() & math.MaxInt32; id > maxLinuxPID {
@@ -100,10 +100,13 @@ func (p *Pooler) CancelRequests() CancelRequests {
 // (processID, secret), or nil. A session still logging in has not been
 // told its key, so nothing can name it yet.
 func (p *Pooler) cancelTarget(processID uint32, secret []byte) *session {
+	if len(secret) != 4 {
+		return nil // pgtender's keys are 4 bytes (protocol 3.0)
+	}
 	p.sessionsMu.Lock()
 	target := p.sessions[processID]
 	p.sessionsMu.Unlock()
-	if target == nil || !target.loggedIn.Load() || len(secret) != 4 {
+	if target == nil || !target.loggedIn.Load() {
 		return nil
 	}
 	// target.secret was set before the session was registered.

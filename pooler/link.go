@@ -136,8 +136,8 @@ type expectation struct {
 	// link.uncertain).
 	optional bool
 	// synthetic: pgtender answers the request itself (a Parse of a
-	// statement the server connection already has, a client's Close of
-	// its statement); nothing was sent to the server, and the session
+	// statement the server connection already has, a DEALLOCATE of a
+	// renamed statement); nothing was sent to the server, and the session
 	// writes the reply when the expectation reaches the front
 	// (takeSynthetic), after every reply owed before it.
 	synthetic bool
@@ -228,10 +228,11 @@ func (l *link) push(kind expectKind) {
 }
 
 // inject records a message of pgtender's own about to be written into the
-// client's stream to the server (before the client message it serves): a
-// Parse or a Close. Its reply is swallowed; an error in it is forwarded
-// (the client must see why the server now skips its messages), or replaced
-// when replaceError. op, if any, settles with the reply.
+// client's stream to the server: a Parse or a Close before the client
+// message it serves, or a Query after one. Its replies are swallowed; an
+// error is forwarded (the client must see why the server now skips its
+// messages), or replaced when replaceError. op, if any, settles with the
+// reply.
 func (l *link) inject(typ byte, op *statementOp, replaceError bool) {
 	if l.skipping {
 		return // the server drops it, like the client's
@@ -239,19 +240,17 @@ func (l *link) inject(typ byte, op *statementOp, replaceError bool) {
 	switch typ {
 	case wire.MsgParse:
 		l.push(expectParse)
+		l.batchOpen = true
 	case wire.MsgClose:
 		l.push(expectClose)
+		l.batchOpen = true
 	case wire.MsgQuery:
 		l.push(expectQuery)
-		e := &l.expected[len(l.expected)-1]
-		e.swallow, e.op = true, op
-		return // a Query opens no batch
 	default:
 		panic(fmt.Sprintf("link: cannot inject message type %q", typ))
 	}
 	e := &l.expected[len(l.expected)-1]
 	e.swallow, e.op, e.replaceError = true, op, replaceError
-	l.batchOpen = true
 }
 
 // attach gives op to the expectation the last client message pushed
@@ -277,8 +276,7 @@ func (l *link) owedStatement() *preparedStatement {
 }
 
 // synthesize records a client message that pgtender answers itself instead
-// of forwarding it: a Parse (ParseComplete), a Close (CloseComplete) or a
-// Query (its whole reply). The answer waits its turn behind the replies
+// of forwarding it: a Parse (ParseComplete) or a Query (its whole reply). The answer waits its turn behind the replies
 // the server owes (takeSynthetic). Outside skipping only: a message the
 // server would skip is forwarded for it to skip.
 func (l *link) synthesize(kind expectKind, op *statementOp) {

@@ -354,19 +354,19 @@ func TestLinkSyntheticReplies(t *testing.T) {
 			},
 			events: []event{{server: '2', want: "Parse"}, {server: 'C'}, {server: 'Z'}},
 			atRest: true},
-		{name: "close answered by pgtender after the server's replies, with nothing after",
+		{name: "parse answered by pgtender after the server's replies, with nothing after (Flush)",
 			plan: func(l *link) {
 				l.inject(wire.MsgParse, added, false)
 				l.clientMessage(wire.MsgBind)
-				l.synthesize(expectClose, forget)
+				l.synthesize(expectParse, define)
 			},
-			events: []event{{server: '1', settled: "A"}, {server: '2'}, {want: "Close"}},
+			events: []event{{server: '1', settled: "A"}, {server: '2'}, {want: "Parse"}},
 		},
 		{name: "an error earlier in the batch skips pgtender's answers and undoes their ops",
 			plan: func(l *link) {
 				l.clientMessage(wire.MsgBind)
 				l.synthesize(expectParse, define)
-				l.synthesize(expectClose, forget)
+				l.synthesize(expectQuery, forget)
 				l.clientMessage(wire.MsgSync)
 			},
 			events: []event{{server: 'E', settled: "df"}, {server: 'Z'}},

@@ -26,8 +26,7 @@ import (
 // statements as they pass (planChunkLocked); before a message that needs a
 // statement the server connection lacks it injects the Parse, whose
 // ParseComplete is swallowed; a Parse of a statement the connection
-// already has, and a client's Close, are answered by pgtender in their
-// turn (link.synthesize). The same design as PgBouncer's
+// already has is answered by pgtender in its turn (link.synthesize). The same design as PgBouncer's
 // (src/server.c, src/client.c: "prepared statements" since 1.21) and
 // PgDog's (pgdog/src/frontend/prepared_statements).
 //
@@ -50,8 +49,8 @@ const maxStatementNameLen = 63
 
 // maxWholeParseLen bounds the Parse messages the relay holds back until
 // whole (a statement's text is needed whole to rename it). A longer named
-// Parse is forwarded unchanged and pins the client to its server
-// connection; Postgres itself accepts statements up to 1 GB.
+// Parse is refused (scanClientChunk); a longer unnamed one is forwarded as
+// it arrives. Postgres itself accepts statements up to 1 GB.
 const maxWholeParseLen = 16 << 20
 
 // maxPoolStatements and maxPoolStatementBytes (their texts and keys) bound
@@ -67,9 +66,9 @@ const (
 // the process's life: a name is never given to two different statements.
 var serverStatementNames atomic.Uint64
 
-// preparedStatement is one statement of a pool's registry. It is
-// immutable once made, and shared by the registry, the clients that
-// prepared it and the server connections that hold it.
+// preparedStatement is one statement of a pool's registry, shared by the
+// registry, the clients that prepared it and the server connections that
+// hold it. Only its atomic flags change once it is made.
 type preparedStatement struct {
 	name  []byte // the server-side name
 	parse []byte // a whole Parse message preparing it under name
@@ -243,22 +242,24 @@ const (
 	opServerAdd                   // pgtender's Parse of stmt on server
 	opEvict                       // pgtender's Close of stmt on server
 	opRefuse                      // a request Postgres would refuse: code and message say how
-	opUnnamed                     // a Parse of the unnamed statement on server, the client's or pgtender's
 )
 
 // statementOp is a change to the client's statement names or to a server
 // connection's statements, made when the request is written and undone if
-// it fails or is skipped (undoStatementOps).
+// it fails or is skipped (undo).
 type statementOp struct {
-	kind   opKind
-	name   string             // the client's name (opDefine, opForget)
-	prev   *preparedStatement // what name named before (nil: nothing)
-	stmt   *preparedStatement
-	server *ServerConn // opDefine (when it also prepares stmt there), opServerAdd, opEvict
+	kind opKind             // 0: none of these (unnamed alone)
+	name string             // the client's name (opDefine, opForget)
+	prev *preparedStatement // what name named before (nil: nothing)
+	stmt *preparedStatement
+	// server is where stmt is prepared, closed or deallocated: opDefine
+	// when the client's Parse goes to the server, opServerAdd, opEvict,
+	// opForget of a DEALLOCATE the server runs.
+	server *ServerConn
 	// code and message are opRefuse's error.
 	code, message string
-	// unnamed: the request is a Parse of the unnamed statement, as
-	// opUnnamed is.
+	// unnamed: the request is a Parse of server's unnamed statement;
+	// failed or skipped, whose unnamed statement server holds is unknown.
 	unnamed bool
 }
 
@@ -276,6 +277,8 @@ func (op *statementOp) undo(s *session) {
 		return
 	}
 	if op.unnamed {
+		// Skipped, the connection's unnamed statement is what it was
+		// before, whosever that was; failed, there is none.
 		op.server.unnamedOwner = unnamedUnknown
 	}
 	switch op.kind {
@@ -283,10 +286,6 @@ func (op *statementOp) undo(s *session) {
 		op.server.statements.remove(op.stmt)
 	case opEvict, opForget:
 		op.server.statements.add(op.stmt)
-	case opUnnamed:
-		// Skipped, the connection's unnamed statement is what it was
-		// before, whosever that was; failed, there is none.
-		op.server.unnamedOwner = unnamedUnknown
 	}
 }
 
@@ -325,7 +324,7 @@ func (s *session) applySettledLocked() {
 // for them. It reports false, and does nothing, for any other chunk.
 // s.mu must be held.
 func (s *session) prepareWithoutServerLocked(summary *chunkSummary) ([]byte, bool) {
-	if !s.renamingLocked() || summary.localEnd > 0 || summary.drops != dropsNone || s.discarding {
+	if !s.renaming || summary.localEnd > 0 || summary.drops != dropsNone || s.discarding {
 		return nil, false
 	}
 	statements := s.pendingStatements[:0]
@@ -389,12 +388,6 @@ type edit struct {
 	from, to   int
 }
 
-// renamingLocked reports whether the session renames its prepared
-// statements. s.mu must be held.
-func (s *session) renamingLocked() bool {
-	return s.renaming && s.mode == config.PoolerModeTransaction
-}
-
 // planChunkLocked tells the link about the chunk's messages, in order, and
 // works out how the chunk (from summary.localEnd on) must be changed on
 // its way to sc: statements renamed, Parses injected where sc lacks a
@@ -415,7 +408,7 @@ func (s *session) renamingLocked() bool {
 func (s *session) planChunkLocked(sc *ServerConn, summary *chunkSummary, chunk []byte) []edit {
 	s.edits = s.edits[:0]
 	s.editBytes = keptScratch(s.editBytes)
-	renaming := s.renamingLocked()
+	renaming := s.renaming
 	if renaming && summary.drops != dropsNone {
 		// A text that began in an earlier chunk ends here.
 		s.dropStatementsLocked(sc, summary.drops)
@@ -473,7 +466,9 @@ func (s *session) restoreStartupLocked(at int) {
 	if statements == "" {
 		return
 	}
-	s.insertFunc(at, func(dst []byte) []byte { return wire.AppendQuery(dst, statements) })
+	s.replace(at, at)
+	s.editBytes = wire.AppendQuery(s.editBytes, statements)
+	s.endEdit()
 	s.link.inject(wire.MsgQuery, nil, false)
 }
 
@@ -639,7 +634,7 @@ func (s *session) prepareOnServerLocked(sc *ServerConn, stmt *preparedStatement,
 		s.closeOnServerLocked(sc, sc.statements.oldest(), at)
 		sc.pool.stats.statementsEvicted.Add(1)
 	}
-	s.insertFunc(at, func(dst []byte) []byte { return wire.AppendClose(dst, wire.TargetStatement, stmt.name) })
+	s.insertClose(at, stmt.name)
 	s.link.inject(wire.MsgClose, nil, false)
 	sc.statements.add(stmt)
 	sc.pool.stats.statementParses.Add(1)
@@ -647,7 +642,7 @@ func (s *session) prepareOnServerLocked(sc *ServerConn, stmt *preparedStatement,
 
 func (s *session) closeOnServerLocked(sc *ServerConn, stmt *preparedStatement, at int) {
 	sc.statements.remove(stmt)
-	s.insertFunc(at, func(dst []byte) []byte { return wire.AppendClose(dst, wire.TargetStatement, stmt.name) })
+	s.insertClose(at, stmt.name)
 	s.link.inject(wire.MsgClose, &statementOp{kind: opEvict, stmt: stmt, server: sc}, false)
 }
 
@@ -832,9 +827,9 @@ func (s *session) insert(at int, p []byte) {
 	s.endEdit()
 }
 
-// insertFunc plans what appendTo appends inserted at offset at.
-func (s *session) insertFunc(at int, appendTo func([]byte) []byte) {
+// insertClose plans a Close of the statement name inserted at offset at.
+func (s *session) insertClose(at int, name []byte) {
 	s.replace(at, at)
-	s.editBytes = appendTo(s.editBytes)
+	s.editBytes = wire.AppendClose(s.editBytes, wire.TargetStatement, name)
 	s.endEdit()
 }

@@ -23,7 +23,7 @@ func newStatementsFixture(limit int) *statementsFixture {
 		size: 1, mode: config.PoolerModeTransaction, preparedStatements: true, preparedStatementsLimit: limit,
 	}, func(context.Context) (*ServerConn, error) { return nil, fmt.Errorf("no connects here") })
 	sc := &ServerConn{pool: pool}
-	sc.unnamedOp = statementOp{kind: opUnnamed, server: sc}
+	sc.unnamedOp = statementOp{server: sc, unnamed: true}
 	return &statementsFixture{pool: pool, server: sc}
 }
 

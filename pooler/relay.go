@@ -145,7 +145,7 @@ const (
 
 // unnamedUse is what a client message does with the unnamed prepared
 // statement, which each server connection has one of: a client's Bind of
-// it must never run another client's (guardUnnamed).
+// it must never run another client's (planUnnamedLocked).
 type unnamedUse uint8
 
 const (
@@ -237,7 +237,7 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 				return 0, false, fatalError(sqlstateProgramLimitExceeded, fmt.Sprintf(
 					"prepared statement of %d bytes: pgtender renames named statements of up to %d bytes; use the unnamed statement for longer ones",
 					msg.Length, maxWholeParseLen), nil)
-			case m.whole:
+			case m.whole && s.renaming:
 				if parse, err := wire.DecodeParse(inspected); err == nil {
 					m.parse, m.name = parse, parse.Name
 				}
@@ -682,11 +682,7 @@ func (s *session) readServer(sc *ServerConn, done chan struct{}) {
 		stats := &sc.pool.stats
 		stats.bytesSent.Add(uint64(len(forward)))
 		if readies > 0 {
-			// Every ReadyForQuery that says idle ends a transaction: an
-			// explicit block, or a statement run in autocommit.
-			s.transactions.Add(int64(idleReadies))
-			stats.transactions.Add(uint64(idleReadies))
-			stats.queries.Add(uint64(readies))
+			s.countReadies(sc, readies, idleReadies)
 		}
 
 		s.mu.Lock()
@@ -766,12 +762,12 @@ func (s *session) takeServerChunkLocked(sc *ServerConn, chunk []byte) ([]byte, e
 			}
 			out.cut(msg.Start, end)
 		}
-		if msg.Type == wire.MsgParameterStatus && reportedParameter(parameterStatusName(msg.Body)) != "" {
-			// Something the client ran changed a setting, perhaps inside
-			// a function where its text did not show it.
-			s.settingsMayHaveChanged = true
-		}
 		if msg.Type == wire.MsgParameterStatus {
+			if reportedParameter(parameterStatusName(msg.Body)) != "" {
+				// Something the client ran changed a setting, perhaps
+				// inside a function where its text did not show it.
+				s.settingsMayHaveChanged = true
+			}
 			sc.noteParameterStatus(msg.Body) // news for the pool's logins (serverparams.go)
 		}
 	}
@@ -844,6 +840,16 @@ func (s *session) insertSyntheticLocked(out *serverOutput, at int) {
 	}
 }
 
+// countReadies adds the ReadyForQuery messages passed to the client to the
+// session's and the pool's counters: every one answers a request, and
+// every one that says idle ends a transaction (an explicit block, or a
+// statement run in autocommit).
+func (s *session) countReadies(sc *ServerConn, readies, idle int) {
+	s.transactions.Add(int64(idle))
+	sc.pool.stats.transactions.Add(uint64(idle))
+	sc.pool.stats.queries.Add(uint64(readies))
+}
+
 // writeSyntheticLocked writes pgtender's replies that are due, for
 // readServer woken with nothing from the server, and reports whether
 // readServer must stop: the client is gone, or the session is closing.
@@ -861,9 +867,7 @@ func (s *session) writeSyntheticLocked(sc *ServerConn) bool {
 	}
 	readies, idleReadies := s.link.takeReadies()
 	s.mu.Unlock()
-	s.transactions.Add(int64(idleReadies))
-	sc.pool.stats.transactions.Add(uint64(idleReadies))
-	sc.pool.stats.queries.Add(uint64(readies))
+	s.countReadies(sc, readies, idleReadies)
 	writeErr := s.write(replies)
 	s.mu.Lock()
 	if writeErr != nil && !s.closingLocked() {

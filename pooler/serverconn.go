@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -42,11 +43,11 @@ type ServerConn struct {
 	// unnamedOwner is the session whose Parse last made this connection's
 	// unnamed statement, and unnamedGeneration that session's count of
 	// unnamed statements at the time (nil: none, or one made by a simple
-	// Query or pgtender's own, which destroy it). See guardUnnamed.
+	// Query or pgtender's own, which destroy it). See planUnnamedLocked.
 	unnamedOwner      uint64 // a session's serial; 0: none; unnamedUnknown
 	unnamedGeneration uint64
 	// unnamedOp is the op a Parse of the unnamed statement settles with
-	// (opUnnamed), one for the connection's life.
+	// (statementOp.unnamed), one for the connection's life.
 	unnamedOp statementOp
 
 	processID uint32            // Postgres backend pid, for cancel requests
@@ -205,7 +206,7 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.Ce
 		idleSince: now,
 	}
 	sc.scanner.Inspect = inspectServerMessage
-	sc.unnamedOp = statementOp{kind: opUnnamed, server: sc}
+	sc.unnamedOp = statementOp{server: sc, unnamed: true}
 	return sc, nil
 }
 
@@ -408,8 +409,15 @@ func sendCancel(ctx context.Context, address string, processID uint32, secret []
 		return err
 	}
 	// Postgres closes the connection once it has read the request; waiting
-	// for that keeps the cancel from racing the next query.
+	// for that keeps the cancel from racing the next query. Anything but
+	// that close (a timeout, a reset) leaves it unknown whether Postgres
+	// took the cancel in.
 	var discard [1]byte
-	_, _ = conn.Read(discard[:])
+	if _, err := conn.Read(discard[:]); !errors.Is(err, io.EOF) {
+		if err == nil {
+			err = errors.New("cancel connection: Postgres sent data instead of closing")
+		}
+		return fmt.Errorf("cancel request may not have reached Postgres: %w", err)
+	}
 	return nil
 }

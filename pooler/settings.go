@@ -224,12 +224,7 @@ func (s *session) probeAtRest(sc *ServerConn) (release bool, err error) {
 		// Nothing a probe finds could let sc go to another client.
 		s.settingsMayHaveChanged = false
 		sc.untrackedSettings = true
-		if !s.pinned {
-			s.pinned = true
-			sc.pool.stats.pinnedClients.Add(1)
-			s.pooler.log.Info("server connection pinned to its client", s.logFields(
-				zap.String("holds", "a custom parameter set under a name pgtender cannot see"))...)
-		}
+		s.pinLocked(sc, zap.String("holds", "a custom parameter set under a name pgtender cannot see"))
 		return false, nil
 	}
 	s.probing = true
@@ -252,11 +247,9 @@ func (s *session) probeAtRest(sc *ServerConn) (release bool, err error) {
 	}
 	sc.settings = result.settings
 	s.settings = result.settings.overlaid(s.startupSettings)
-	if result.pins.any() && !s.pinned {
-		s.pinned = true
-		sc.pool.stats.pinnedClients.Add(1)
-		s.pooler.log.Info("server connection pinned to its client", s.logFields(zap.Stringer("holds", result.pins))...)
-	} else if !result.pins.any() {
+	if result.pins.any() {
+		s.pinLocked(sc, zap.Stringer("holds", result.pins))
+	} else {
 		s.unpinLocked(sc)
 	}
 	if leftover > 0 {
@@ -276,14 +269,26 @@ func (sc *ServerConn) probe(customNames []string, notify func([]byte)) (result p
 	leftover, err = sc.query(query, deadline, result.takeProbeRow, notify)
 	if refused, ok := errors.AsType[*serverError](err); ok && refused.code == sqlstateQueryCanceled {
 		// The probe's first statement, which reads the timeouts before
-		// overriding them, runs under the client's statement_timeout; a
-		// tiny one (1ms) can cancel it on a busy machine. Its transaction
-		// rolled back, so it is run again, once.
+		// overriding them, runs under the client's statement_timeout,
+		// which a very small one can cancel. Its transaction rolled back,
+		// so it is run again, once; the retry can be cancelled the same
+		// way.
 		result = probeResult{}
 		leftover, err = sc.query(query, deadline, result.takeProbeRow, notify)
 	}
 	result.finish()
 	return result, leftover, err
+}
+
+// pinLocked pins sc to the client, if it is not already, counting and
+// logging it with what the session holds. s.mu must be held.
+func (s *session) pinLocked(sc *ServerConn, holds zap.Field) {
+	if s.pinned {
+		return
+	}
+	s.pinned = true
+	sc.pool.stats.pinnedClients.Add(1)
+	s.pooler.log.Info("server connection pinned to its client", s.logFields(holds)...)
 }
 
 // unpinLocked ends a pin of sc to the client, if any. s.mu must be held.
@@ -398,7 +403,7 @@ func (s *session) noteCustomSettings(effects sqlscan.Effects) {
 	var added []string
 	for i := range s.sql.NumCustomNames() {
 		name := s.sql.CustomName(i)
-		if containsCustomName(own, name) || containsCustomName(added, name) {
+		if containsCustomName(own, name) { // the scanner reports each name once per text
 			continue
 		}
 		key := settingKey(string(name))
