@@ -265,12 +265,6 @@ func (p *Pool) Release(sc *ServerConn) {
 		p.Discard(sc)
 		return
 	}
-	if sc.untrackedSettings {
-		// Not clean whatever a probe found: it may carry a setting no
-		// one can name to reset.
-		p.Discard(sc)
-		return
-	}
 	p.mu.Lock()
 	if p.closed || p.total > settings.size {
 		p.total--

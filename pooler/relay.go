@@ -1151,6 +1151,15 @@ func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, t
 		_ = sendCancel(ctx, sc.address, sc.processID, sc.secretKey)
 		cancel()
 	}
+	if s.untrackedSettings {
+		// Its session may carry a custom parameter no one can name to
+		// reset: not clean whatever a rollback or a probe would find.
+		if unfinishable || pending > 0 {
+			cancelRunning()
+		}
+		sc.pool.Discard(sc)
+		return
+	}
 	if unfinishable {
 		// An Execute sent with Flush and no Sync, or a COPY from the
 		// client, may still be running: cancel it rather than let it run

@@ -61,12 +61,6 @@ type ServerConn struct {
 	// statements are the renamed prepared statements this connection's
 	// session holds (prepared.go).
 	statements serverStatements
-	// untrackedSettings: a client linked to this connection may have set
-	// a custom parameter on its session under a name pgtender could not
-	// see (session.untrackedSettings), which no other client may meet:
-	// the connection is closed instead of going back to the pool. Set
-	// under the session's mu.
-	untrackedSettings bool
 
 	pool      *Pool
 	createdAt time.Time

@@ -206,7 +206,7 @@ type session struct {
 	// untrackedSettings: the client may have set a custom parameter whose
 	// name pgtender could not see (sqlscan.UnknownCustomName). No probe
 	// can find it, so the server connection is pinned to the client for
-	// the rest of its life and closed after (ServerConn.untrackedSettings).
+	// the rest of its life and closed after (returnServer).
 	untrackedSettings bool
 	// probing: readServer is probing the server connection; serve does
 	// not write to it meanwhile (it waits on cond).

@@ -189,9 +189,6 @@ func (s *session) startupSettingsError(err error) *clientError {
 func (s *session) alignServer(sc *ServerConn) error {
 	s.mu.Lock()
 	want := s.settings
-	if s.untrackedSettings {
-		sc.untrackedSettings = true // what the client sends next may set one
-	}
 	s.mu.Unlock()
 	statements := alignStatements(want, sc.settings)
 	if statements == "" {
@@ -223,7 +220,6 @@ func (s *session) probeAtRest(sc *ServerConn) (release bool, err error) {
 	if s.untrackedSettings {
 		// Nothing a probe finds could let sc go to another client.
 		s.settingsMayHaveChanged = false
-		sc.untrackedSettings = true
 		s.pinLocked(sc, zap.String("holds", "a custom parameter set under a name pgtender cannot see"))
 		return false, nil
 	}
@@ -422,13 +418,10 @@ func (s *session) noteCustomSettings(effects sqlscan.Effects) {
 	if len(added) > 0 {
 		s.ownCustomNames = append(slices.Clip(own), added...)
 	}
-	if untracked && !s.untrackedSettings {
+	if untracked {
+		// Pinned from the next release point on (probeAtRest), closed
+		// when the client leaves (returnServer).
 		s.untrackedSettings = true
-		if s.server != nil {
-			// The text may run on it; if it goes to another, alignServer
-			// marks that one.
-			s.server.untrackedSettings = true
-		}
 	}
 }
 
