@@ -187,3 +187,48 @@ func TestCustomSettingUnknownNamePins(t *testing.T) {
 	c.unset("app.hidden")
 	b.exec("COMMIT")
 }
+
+// TestCustomSettingSetInsideAFunction: a custom parameter set inside a
+// function, where no text pgtender reads shows it, is found by the probe
+// once any client of the pool showed the name (docs/pooling.md, "Custom
+// parameters"): the client that called the function keeps the value, and
+// no client after it on the same server connection sees it. That holds for
+// the client that showed the name itself, and for one that never did.
+//
+// The function also sets application_name, which Postgres reports: that
+// report is what marks the transaction for a probe. A function that sets
+// only parameters Postgres does not report is not noticed at all
+// (docs/pooling.md, "Limitations").
+func TestCustomSettingSetInsideAFunction(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	super := direct(t, ctx)
+	if _, err := super.Exec(ctx, `CREATE OR REPLACE FUNCTION customnames_set_tenant(tenant text) RETURNS void LANGUAGE sql AS $$
+		SELECT pg_catalog.set_config('app.tenant', tenant, false), pg_catalog.set_config('application_name', 'tenant ' || tenant, false)
+	$$`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := super.Exec(context.Background(), "DROP FUNCTION customnames_set_tenant(text)"); err != nil {
+			t.Errorf("drop the test's function: %v", err)
+		}
+	})
+	tp := startDriversPooler(t, 1)
+	a, b := connectCustom(t, ctx, tp, "A"), connectCustom(t, ctx, tp, "B")
+
+	a.exec("SET app.tenant = 'a'")
+	a.exec("SELECT customnames_set_tenant('b')")
+	if pa, pb := a.backendPID(), b.backendPID(); pa != pb {
+		t.Fatalf("A on backend %d, B on %d: the pool of one is not shared", pa, pb)
+	}
+	b.unset("app.tenant")
+	a.sees("app.tenant", "b")
+
+	// C never showed the name: the pool's list, learnt from A, makes
+	// C's probe ask for it.
+	c := connectCustom(t, ctx, tp, "C")
+	c.exec("SELECT customnames_set_tenant('c')")
+	b.unset("app.tenant")
+	c.sees("app.tenant", "c")
+	a.sees("app.tenant", "b")
+}

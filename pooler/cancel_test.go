@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap/zapcore"
 )
 
 // TestCancelKeysOfLiveClients registers 10,000 sessions and checks every
@@ -160,6 +161,111 @@ func TestCancelWithUnknownKeyCancelsNothing(t *testing.T) {
 	}
 	if got := h.p.CancelRequests(); got != (CancelRequests{Forwarded: 1, UnknownKey: 3}) {
 		t.Errorf("counters %+v, want Forwarded 1, UnknownKey 3", got)
+	}
+}
+
+// TestCancelForClosingSessionIsNotForwarded: a CancelRequest for a client
+// that is leaving, whose server connection is still linked while finish
+// takes it over, is counted as NoServer and sent nowhere: finish makes the
+// connection clean for the next client and cancels what still runs itself
+// (returnServer), and the client's cancel could land on that clean-up
+// instead. The test holds the session's write lock so that readServer,
+// with the last reply in hand, keeps the connection linked meanwhile.
+func TestCancelForClosingSessionIsNotForwarded(t *testing.T) {
+	h := newHarness(t, nil)
+	conn, _ := h.rawConnect()
+	writeRaw(t, conn, encodeMsgs(t, &pgproto3.Query{String: "GATE slow"}))
+	var server *fakeConn
+	waitFor(t, "the query to run", func() bool { server = h.fake.atGate("slow"); return server != nil })
+	s := h.sessionServing(server.pid)
+	if s == nil {
+		t.Fatalf("no session linked to backend %d", server.pid)
+	}
+	s.wmu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			s.wmu.Unlock()
+		}
+	}()
+	h.fake.openGate("slow")
+	waitFor(t, "readServer to take the reply", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.link.readiesOwed() == 0
+	})
+	conn.Close()
+	waitFor(t, "the session to be closing", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.closingLocked()
+	})
+	s.mu.Lock()
+	linked := s.server != nil
+	s.mu.Unlock()
+	if !linked {
+		t.Fatal("the closing session's server connection is no longer linked")
+	}
+
+	var secret [4]byte
+	binary.BigEndian.PutUint32(secret[:], s.secret)
+	cancelConn := h.dial()
+	writeRaw(t, cancelConn, encodeMsgs(t, &pgproto3.CancelRequest{ProcessID: s.processID, SecretKey: secret[:]}))
+	expectEOF(t, cancelConn)
+	if got := h.p.CancelRequests(); got != (CancelRequests{NoServer: 1}) {
+		t.Errorf("counters %+v, want NoServer 1 only", got)
+	}
+	s.wmu.Unlock()
+	locked = false
+
+	waitFor(t, "the session to end", func() bool { return h.p.sessionCount() == 0 })
+	h.waitIdle(1)
+	if n := h.fake.cancelArrivalCount(); n != 0 {
+		t.Errorf("%d cancel requests reached Postgres, want none", n)
+	}
+	if server.Ended() {
+		t.Error("the departed client's clean server connection was closed")
+	}
+}
+
+// TestCancelForwardFailure: a cancel whose forward fails (Postgres resets
+// the cancel connection) is counted as Error and logged as a warning; the
+// query it was for runs on, and the client's session and its server
+// connection work on: the link is let go once the query ends.
+func TestCancelForwardFailure(t *testing.T) {
+	h := newHarness(t, nil)
+	h.fake.resetCancelRequests()
+	a := h.connect()
+	gateErr := goExec(t, a, "GATE slow")
+	var server *fakeConn
+	waitFor(t, "the query to run", func() bool { server = h.fake.atGate("slow"); return server != nil })
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := a.CancelRequest(ctx); err != nil {
+		t.Fatalf("CancelRequest: %v", err)
+	}
+	if got := h.p.CancelRequests(); got != (CancelRequests{Error: 1}) {
+		t.Errorf("counters %+v, want Error 1 only", got)
+	}
+	if n := h.fake.cancelArrivalCount(); n != 1 {
+		t.Errorf("%d cancel requests reached Postgres, want 1", n)
+	}
+	warnings := h.logs.FilterMessage("could not forward a cancel request").FilterLevelExact(zapcore.WarnLevel)
+	if warnings.Len() != 1 {
+		t.Errorf("%d warnings of the failed forward, want 1; logged %v", warnings.Len(), h.logs.All())
+	}
+
+	h.fake.openGate("slow")
+	if err := recvWithin(t, gateErr, "the query"); err != nil {
+		t.Fatalf("the query the failed cancel was for: %v", err)
+	}
+	h.waitIdle(1)
+	if pid := mustWhoami(t, a); pid != server.pid {
+		t.Errorf("the client's next query ran on backend %d, want %d", pid, server.pid)
+	}
+	if pid := mustWhoami(t, h.connect()); pid != server.pid {
+		t.Errorf("another client ran on backend %d, want %d back from the pool", pid, server.pid)
 	}
 }
 

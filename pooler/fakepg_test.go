@@ -3,7 +3,9 @@ package pooler
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,11 +38,20 @@ type fakePG struct {
 	cancels        []fakeCancel
 	cancelArrivals int  // CancelRequests read, including held ones
 	holdCancels    bool // CancelRequests wait for openGate("cancels")
+	resetCancels   bool // cancel connections are reset, nothing canceled
 	gates          map[string]chan struct{}
 	closed         bool
 	// reported are ParameterStatus values that connections opened from
 	// now on report at login, over the defaults (setReported).
 	reported map[string]string
+	// Probe scripting (fakeConn.probe): the next probeCancels probes fail
+	// in their first statement (cancelProbes), probes wait for the gate
+	// probeGate when it is set (holdProbes), and probeReports are
+	// ParameterStatus values every probe's reply carries
+	// (reportDuringProbes).
+	probeCancels int
+	probeGate    string
+	probeReports map[string]string
 }
 
 // fakeCancel is a CancelRequest the fake acted on.
@@ -62,7 +73,8 @@ type fakeConn struct {
 
 	// Guarded by f.mu.
 	params   map[string]string
-	log      []string // "Q <sql>", "P <sql>", "B", "D", "E", "S", "H", "C", "d", "c", "f", "X"
+	settings map[string]string // set at session level by SET name = value
+	log      []string          // "Q <sql>", "P <sql>", "B", "D", "E", "S", "H", "C", "d", "c", "f", "X"
 	txStatus byte
 	sleeping bool
 	gate     string // the gate the connection is waiting on
@@ -209,13 +221,40 @@ func (f *fakePG) cancelList() []fakeCancel {
 
 // setReported makes connections opened from now on report value for the
 // parameter name at login, as a server whose configuration changed would.
-func (f *fakePG) setReported(name, value string) {
+func (f *fakePG) setReported(name, value string) { f.setParameter(&f.reported, name, value) }
+
+// setParameter sets name = value in *params, a map f.mu guards.
+func (f *fakePG) setParameter(params *map[string]string, name, value string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.reported == nil {
-		f.reported = make(map[string]string)
+	if *params == nil {
+		*params = make(map[string]string)
 	}
-	f.reported[name] = value
+	(*params)[name] = value
+}
+
+// cancelProbes makes the next n probes fail in their first statement with
+// 57014, as the client's own very small statement_timeout cancels the
+// statement that reads it before the probe turns it off.
+func (f *fakePG) cancelProbes(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.probeCancels = n
+}
+
+// holdProbes makes probes wait for openGate(gate) before they answer, as a
+// busy server would keep pgtender waiting for the reply.
+func (f *fakePG) holdProbes(gate string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.probeGate = gate
+}
+
+// reportDuringProbes makes every probe's reply carry ParameterStatus
+// name = value, as a server reports news (a promotion) at the next
+// statement any session runs.
+func (f *fakePG) reportDuringProbes(name, value string) {
+	f.setParameter(&f.probeReports, name, value)
 }
 
 // kill closes the server side of connection pid, as a crashed or
@@ -244,6 +283,17 @@ func (c *fakeConn) Queries() []string {
 		}
 	}
 	return out
+}
+
+// probes counts the probes (probeQuery) the connection received.
+func (c *fakeConn) probes() int {
+	n := 0
+	for _, q := range c.Queries() {
+		if isProbe(q) {
+			n++
+		}
+	}
+	return n
 }
 
 // received reports whether the connection received the SQL statement sql.
@@ -280,6 +330,19 @@ func (c *fakeConn) setGate(name string) {
 	c.f.mu.Unlock()
 }
 
+// waitGate waits, seen at the gate name (atGate), for openGate(name); false
+// means the fake closed meanwhile.
+func (c *fakeConn) waitGate(name string) bool {
+	c.setGate(name)
+	select {
+	case <-c.f.gate(name):
+	case <-c.f.done:
+		return false
+	}
+	c.setGate("")
+	return true
+}
+
 func (c *fakeConn) setTx(status byte) {
 	c.f.mu.Lock()
 	c.txStatus = status
@@ -302,7 +365,9 @@ func (f *fakePG) serve(nc net.Conn) {
 				return
 			}
 		case *pgproto3.CancelRequest:
-			f.handleCancel(msg.ProcessID, msg.SecretKey)
+			if reset := f.handleCancel(msg.ProcessID, msg.SecretKey); reset {
+				_ = nc.(*net.TCPConn).SetLinger(0) // the close sends a reset
+			}
 			return
 		case *pgproto3.StartupMessage:
 			startup = msg
@@ -342,17 +407,22 @@ func (f *fakePG) serve(nc net.Conn) {
 }
 
 // handleCancel acts on a CancelRequest as Postgres does: it interrupts the
-// statement the backend runs now (SLEEP here) and is a no-op otherwise.
-func (f *fakePG) handleCancel(pid uint32, secret []byte) {
+// statement the backend runs now (SLEEP here) and is a no-op otherwise. It
+// reports whether the cancel connection is to be reset instead
+// (resetCancelRequests).
+func (f *fakePG) handleCancel(pid uint32, secret []byte) (reset bool) {
 	f.mu.Lock()
 	f.cancelArrivals++
-	hold := f.holdCancels
+	hold, reset := f.holdCancels, f.resetCancels
 	f.mu.Unlock()
+	if reset {
+		return true
+	}
 	if hold {
 		select {
 		case <-f.gate("cancels"):
 		case <-f.done:
-			return
+			return false
 		}
 	}
 	f.mu.Lock()
@@ -371,6 +441,7 @@ func (f *fakePG) handleCancel(pid uint32, secret []byte) {
 		}
 	}
 	f.cancels = append(f.cancels, record)
+	return false
 }
 
 // holdCancelRequests makes CancelRequests wait for openGate("cancels")
@@ -378,6 +449,15 @@ func (f *fakePG) handleCancel(pid uint32, secret []byte) {
 func (f *fakePG) holdCancelRequests() {
 	f.mu.Lock()
 	f.holdCancels = true
+	f.mu.Unlock()
+}
+
+// resetCancelRequests makes the fake reset every cancel connection once
+// it has read the request, acting on none, as a postmaster that crashed
+// or a middlebox that drops the connection would.
+func (f *fakePG) resetCancelRequests() {
+	f.mu.Lock()
+	f.resetCancels = true
 	f.mu.Unlock()
 }
 
@@ -590,6 +670,14 @@ func (c *fakeConn) row(simple bool, column, value string) {
 //	GATE <name>       waits for openGate(name), then one row "gate"
 //	HOLD <a> <b>      waits for gate a, answers (flushing), then reads
 //	                  nothing more until gate b opens
+//	SET <n> = <v>     also records n = v (quotes dropped) as a setting of
+//	                  the session, which the probe reports; SET LOCAL and
+//	                  several statements in one text (pgtender's own) are
+//	                  answered and not recorded
+//	<the probe>       pgtender's probe (probeQuery): the timeouts at their
+//	                  session-start values, the recorded settings, no
+//	                  pins; scripted with cancelProbes, holdProbes and
+//	                  reportDuringProbes
 //	REPORT <n> <v>    ParameterStatus n = v, as a server reports a change
 //	COPY IN           COPY FROM STDIN: CopyInResponse, then CopyData up to
 //	                  CopyDone (Sync and Flush ignored meanwhile, as
@@ -618,7 +706,10 @@ func (c *fakeConn) run(sql string, simple bool) bool {
 	case sql == "DISCARD ALL":
 		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("DISCARD ALL")})
 	case word == "SET":
+		c.recordSetting(rest)
 		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SET")})
+	case isProbe(sql):
+		return c.probe()
 	case word == "REPORT":
 		name, value, _ := strings.Cut(rest, " ")
 		c.be.Send(&pgproto3.ParameterStatus{Name: name, Value: value})
@@ -632,13 +723,9 @@ func (c *fakeConn) run(sql string, simple bool) bool {
 	case sql == "SLEEP":
 		return c.sleep(simple)
 	case word == "GATE":
-		c.setGate(rest)
-		select {
-		case <-c.f.gate(rest):
-		case <-c.f.done:
+		if !c.waitGate(rest) {
 			return false
 		}
-		c.setGate("")
 		c.row(simple, "gate", "gate")
 	case word == "HOLD":
 		a, b, _ := strings.Cut(rest, " ")
@@ -673,6 +760,80 @@ func (c *fakeConn) run(sql string, simple bool) bool {
 		c.fail(simple, "42601", fmt.Sprintf("fake postgres does not understand %q", sql))
 	}
 	return true
+}
+
+// recordSetting takes in the operand of a SET of the form name = value.
+func (c *fakeConn) recordSetting(operand string) {
+	if strings.Contains(operand, ";") || strings.HasPrefix(operand, "LOCAL ") {
+		return
+	}
+	name, value, ok := strings.Cut(operand, " = ")
+	if !ok {
+		return
+	}
+	c.f.setParameter(&c.settings, name, strings.Trim(value, "'"))
+}
+
+// isProbe reports whether sql is pgtender's probe (probeQuery).
+func isProbe(sql string) bool {
+	return strings.Contains(sql, "FROM pg_catalog.pg_settings WHERE source")
+}
+
+// probe answers pgtender's probe as Postgres answers its statements: the
+// timeouts read, the two SET LOCALs, then every session setting, the
+// timeouts' session-start values and the pin counts (all zero), as rows of
+// (kind, name, value). A canceled probe gets 57014 in its first statement,
+// which ends the text. The Query handler sends the ReadyForQuery.
+func (c *fakeConn) probe() bool {
+	c.f.mu.Lock()
+	canceled := c.f.probeCancels > 0
+	if canceled {
+		c.f.probeCancels--
+	}
+	gate := c.f.probeGate
+	reports := maps.Clone(c.f.probeReports)
+	settings := maps.Clone(c.settings)
+	c.f.mu.Unlock()
+	if gate != "" && !c.waitGate(gate) {
+		return false
+	}
+	if canceled {
+		c.sendError("57014", "canceling statement due to statement timeout")
+		return true
+	}
+	c.be.Send(probeRowDescription)
+	c.probeRows([][3]string{{"c", "statement_timeout", "0"}, {"c", "lock_timeout", "0"}})
+	for range 2 {
+		c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SET")})
+	}
+	for name, value := range reports {
+		c.be.Send(&pgproto3.ParameterStatus{Name: name, Value: value})
+	}
+	rows := [][3]string{{"d", "statement_timeout", "0"}, {"d", "lock_timeout", "0"}}
+	for _, name := range slices.Sorted(maps.Keys(settings)) {
+		rows = append(rows, [3]string{"s", name, settings[name]})
+	}
+	for _, pin := range []string{"listen", "advisory", "cursor", "prepare", "temp"} {
+		rows = append(rows, [3]string{"p", pin, "0"})
+	}
+	c.be.Send(probeRowDescription)
+	c.probeRows(rows)
+	return true
+}
+
+// probeRowDescription describes the probe's rows: kind, name, value.
+var probeRowDescription = &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{
+	{Name: []byte("?column?"), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1},
+	{Name: []byte("name"), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1},
+	{Name: []byte("current_setting"), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1},
+}}
+
+// probeRows sends rows of the probe and their statement's CommandComplete.
+func (c *fakeConn) probeRows(rows [][3]string) {
+	for _, row := range rows {
+		c.be.Send(&pgproto3.DataRow{Values: [][]byte{[]byte(row[0]), []byte(row[1]), []byte(row[2])}})
+	}
+	c.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SELECT " + strconv.Itoa(len(rows)))})
 }
 
 func (c *fakeConn) sleep(simple bool) bool {

@@ -13,8 +13,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgtender/pgtender/config"
 )
@@ -95,6 +97,7 @@ type harness struct {
 	t    *testing.T
 	fake *fakePG
 	p    *Pooler
+	logs *observer.ObservedLogs // what the pooler logged, at Info and above
 }
 
 // newHarness starts a fake Postgres and a pooler in front of it. Cleanup
@@ -110,7 +113,10 @@ func newHarnessWith(t *testing.T, mutate func(*config.Config), recorder LoginRec
 	t.Helper()
 	fake := newFakePG(t, serverPassword)
 	cfg := testConfig(fake, mutate)
-	log := zaptest.NewLogger(t, zaptest.Level(zapcore.InfoLevel))
+	observed, logs := observer.New(zapcore.InfoLevel)
+	log := zaptest.NewLogger(t, zaptest.Level(zapcore.InfoLevel), zaptest.WrapOptions(zap.WrapCore(func(core zapcore.Core) zapcore.Core {
+		return zapcore.NewTee(core, observed)
+	})))
 	p, err := New(cfg, log, recorder)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -131,7 +137,7 @@ func newHarnessWith(t *testing.T, mutate func(*config.Config), recorder LoginRec
 			t.Errorf("Serve returned %v, want ErrServerClosed", err)
 		}
 	})
-	return &harness{t: t, fake: fake, p: p}
+	return &harness{t: t, fake: fake, p: p, logs: logs}
 }
 
 // connString is a libpq connection string to the pooler.

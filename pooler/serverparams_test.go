@@ -155,3 +155,26 @@ func TestLoginsAreToldTheServerAsItIsNow(t *testing.T) {
 		t.Errorf("in_hot_standby = %q", got)
 	}
 }
+
+// TestProbeNoticesServerParameters: a report of in_hot_standby inside the
+// probe's reply, which pgtender reads itself and does not relay, reaches
+// the pool's set too: the next client to log in is told the new value.
+func TestProbeNoticesServerParameters(t *testing.T) {
+	h := newHarness(t, nil)
+	h.fake.setReported("in_hot_standby", "on")
+	a := h.connect()
+	if got := a.ParameterStatus("in_hot_standby"); got != "on" {
+		t.Fatalf("first login told in_hot_standby = %q", got)
+	}
+
+	h.fake.reportDuringProbes("in_hot_standby", "off")
+	mustExec(t, a, "SET search_path = tenant_1")
+	h.waitIdle(1)
+	if n := h.fake.connList()[0].probes(); n != 1 {
+		t.Fatalf("the server connection got %d probes, want 1", n)
+	}
+	b := h.connect()
+	if got := b.ParameterStatus("in_hot_standby"); got != "off" {
+		t.Errorf("after a probe's reply reported the promotion a login is told in_hot_standby = %q", got)
+	}
+}
