@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap/zapcore"
 )
@@ -267,6 +268,79 @@ func TestCancelForwardFailure(t *testing.T) {
 	if pid := mustWhoami(t, h.connect()); pid != server.pid {
 		t.Errorf("another client ran on backend %d, want %d back from the pool", pid, server.pid)
 	}
+}
+
+// TestCancelDuringProbeKeepsTheSession: a client's CancelRequest that
+// arrives while the probe runs (its query had just ended when its cancel
+// went out) is forwarded, and the link is let go only once the cancel is
+// done. The probe is pgtender's own read of the server connection: the
+// cancel's wake-up of readServer must not cut that read short, which
+// would end the client's session with "server connection lost"; and a
+// cancel still on its way when the probe ends must still wake readServer
+// to let the link go.
+func TestCancelDuringProbeKeepsTheSession(t *testing.T) {
+	// probeStarted links a client whose transaction is probed and holds
+	// the probe's reply until openGate("probe").
+	probeStarted := func(t *testing.T) (*harness, *pgconn.PgConn, *session) {
+		h := newHarness(t, nil)
+		h.fake.holdProbes("probe")
+		a := h.connect()
+		mustExec(t, a, "SET search_path = tenant_1")
+		waitFor(t, "the probe to start", func() bool { return h.fake.atGate("probe") != nil })
+		return h, a, h.onlySession()
+	}
+	cancelClient := func(t *testing.T, a *pgconn.PgConn) error {
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		defer cancel()
+		return a.CancelRequest(ctx)
+	}
+	// probedAndReleased checks that the probe's findings are the client's
+	// and the connection went back to the pool with the session alive.
+	probedAndReleased := func(t *testing.T, h *harness, a *pgconn.PgConn, s *session) {
+		t.Helper()
+		waitFor(t, "the link to be let go", func() bool { return h.stat().Idle == 1 || h.p.sessionCount() == 0 })
+		if h.p.sessionCount() == 0 {
+			t.Fatal("a cancel that arrived during the probe ended the client's session")
+		}
+		if got := sessionSetting(s, "search_path"); got != "tenant_1" {
+			t.Errorf("the client's search_path after the probe is %q, want tenant_1", got)
+		}
+		if pid := mustWhoami(t, a); pid != h.fake.connList()[0].pid {
+			t.Errorf("the client's next query ran on backend %d, want the probed one", pid)
+		}
+	}
+
+	t.Run("cancel done during the probe", func(t *testing.T) {
+		h, a, s := probeStarted(t)
+		if err := cancelClient(t, a); err != nil {
+			t.Fatalf("CancelRequest: %v", err)
+		}
+		if got := h.p.CancelRequests(); got != (CancelRequests{Forwarded: 1}) {
+			t.Fatalf("counters %+v, want Forwarded 1", got)
+		}
+		h.fake.openGate("probe")
+		probedAndReleased(t, h, a, s)
+	})
+	t.Run("cancel done after the probe", func(t *testing.T) {
+		h, a, s := probeStarted(t)
+		h.fake.holdCancelRequests()
+		canceled := goClient(t, a, func() error { return cancelClient(t, a) })
+		waitFor(t, "the cancel to reach the server", func() bool { return h.fake.cancelArrivalCount() == 1 })
+		h.fake.openGate("probe")
+		waitFor(t, "the probe to end", func() bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return !s.probing && s.settings["search_path"].value == "tenant_1"
+		})
+		if idle := h.stat().Idle; idle != 0 {
+			t.Fatalf("%d idle server connections while the client's cancel is on its way, want the link kept", idle)
+		}
+		h.fake.openGate("cancels")
+		if err := recvWithin(t, canceled, "the CancelRequest"); err != nil {
+			t.Fatalf("CancelRequest: %v", err)
+		}
+		probedAndReleased(t, h, a, s)
+	})
 }
 
 // BenchmarkRegisterSession measures what a login pays for its
