@@ -299,8 +299,9 @@ func (s *session) unpinLocked(sc *ServerConn) {
 // dot, which pg_settings does not list) seen set by any client of a pool.
 // The probe asks for each by name: a name learnt from one client's SET
 // also covers another client that sets it where pgtender cannot see (in
-// a function), as long as one client showed it. The set only grows, up to
-// maxCustomSettings.
+// a function), as long as one client showed it and that transaction is
+// probed for another reason (a custom parameter sends no ParameterStatus).
+// The set only grows, up to maxCustomSettings.
 type customSettings struct {
 	mu    sync.Mutex
 	names atomic.Pointer[[]string] // sorted; replaced, never changed in place
