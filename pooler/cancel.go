@@ -166,10 +166,7 @@ func (p *Pooler) cancelRequest(remote net.Addr, processID uint32, secret []byte)
 	target.cancelsInFlight--
 	if target.cancelsInFlight == 0 {
 		target.cond.Broadcast() // returnServer may be waiting
-		// During a probe readServer is at the release point already and
-		// checks it again after; a wake-up now would cut the probe's read
-		// short and lose the client's session.
-		if target.server == sc && !target.probing && target.mayReleaseLocked() {
+		if target.server == sc && target.mayReleaseLocked() {
 			target.wakeReaderLocked(sc)
 		}
 	}

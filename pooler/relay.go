@@ -1015,8 +1015,17 @@ func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 // (to finish), else it checks the release point. It is the one way
 // anything interrupts readServer: a read deadline in the past, which
 // readServer clears. s.mu must be held and sc must be s.server.
+//
+// During a probe (probeAtRest) readServer is at the release point already
+// and the probe is reading sc: a deadline now would cut the probe short
+// and lose the client's session, so only a session that is ending
+// interrupts it. Any other wake-up is only noted, and probeAtRest gives it
+// again once the probe is done.
 func (s *session) wakeReaderLocked(sc *ServerConn) {
 	s.woken = true
+	if s.probing && !s.closingLocked() {
+		return
+	}
 	_ = sc.conn.SetReadDeadline(time.Now())
 }
 

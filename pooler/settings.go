@@ -234,8 +234,9 @@ func (s *session) probeAtRest(sc *ServerConn) (release bool, err error) {
 	s.probing = false
 	s.cond.Broadcast()
 	if s.woken {
-		// A wake-up (finish, forceClose) came during the probe, whose own
-		// read deadline replaced it: give it again.
+		// A wake-up came during the probe: one that ends the session
+		// (finish, forceClose), whose deadline the probe's own replaced,
+		// or one only noted (wakeReaderLocked): give it now.
 		s.wakeReaderLocked(sc)
 	}
 	if err != nil {
