@@ -26,9 +26,10 @@ import (
 // statements as they pass (planChunkLocked); before a message that needs a
 // statement the server connection lacks it injects the Parse, whose
 // ParseComplete is swallowed; a Parse of a statement the connection
-// already has is answered by pgtender in its turn (link.synthesize). The same design as PgBouncer's
-// (src/server.c, src/client.c: "prepared statements" since 1.21) and
-// PgDog's (pgdog/src/frontend/prepared_statements).
+// already has is answered by pgtender in its turn (link.synthesize). The
+// same design as PgBouncer's (src/server.c, src/client.c: "prepared
+// statements" since 1.21) and PgDog's
+// (pgdog/src/frontend/prepared_statements).
 //
 // What a request does to these maps is done when the request is written
 // and undone, in reverse order, if Postgres fails or skips the request
