@@ -177,23 +177,24 @@ func (c *settingsClient) serverPID() int {
 	return pid
 }
 
-// sceneSetNotSeenByOthers: A sets three settings (one a 1 ms statement
-// timeout that would cancel B's queries if it leaked); B, on the same
-// server connection, sees the defaults and can run a 20 ms query; A still
-// sees its own.
+// sceneSetNotSeenByOthers: A sets three settings (one a 200 ms statement
+// timeout that would cancel B's 300 ms query if it leaked); B, on the same
+// server connection, sees the defaults and can run that query; A still
+// sees its own. The timeout is long enough that A's own statements do not
+// hit it on a busy machine, as 1 ms did.
 func sceneSetNotSeenByOthers(e *settingsEnv) {
 	a, b := e.connect("A", nil), e.connect("B", nil)
-	a.exec("SET statement_timeout = '1ms'")
+	a.exec("SET statement_timeout = '200ms'")
 	a.exec("SET search_path = pg_catalog")
 	a.exec("SET work_mem = '77MB'")
 	b.showDefaults()
-	b.exec("SELECT pg_sleep(0.02)")
-	a.show("statement_timeout", "1ms")
+	b.exec("SELECT pg_sleep(0.3)")
+	a.show("statement_timeout", "200ms")
 	a.show("search_path", "pg_catalog")
 	a.show("work_mem", "77MB")
 	b.showDefaults()
-	a.execFails("SELECT pg_sleep(0.05)", "57014")
-	b.exec("SELECT pg_sleep(0.02)")
+	a.execFails("SELECT pg_sleep(0.5)", "57014")
+	b.exec("SELECT pg_sleep(0.3)")
 }
 
 // sceneOwnValuesOnAnotherServer: over a pool of two, B and C take turns
@@ -231,7 +232,7 @@ func sceneOwnValuesOnAnotherServer(e *settingsEnv) {
 // application_name.
 func sceneReset(e *settingsEnv) {
 	a, b := e.connect("A", map[string]string{"application_name": "settings-a"}), e.connect("B", nil)
-	a.exec("SET statement_timeout = '1ms'")
+	a.exec("SET statement_timeout = '200ms'") // long enough for A's own statements
 	a.exec("SET search_path = pg_catalog")
 	a.exec("SET work_mem = '77MB'")
 	a.exec("SET application_name = 'settings-a-changed'")
