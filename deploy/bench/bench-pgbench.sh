@@ -64,6 +64,8 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
 say() { printf 'bench-pgbench: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
+# shellcheck source=deploy/bench/lib.sh
+source "$repo/deploy/bench/lib.sh"
 
 [[ $EUID -eq 0 ]] || die "must run as root (pgbouncer as the postgres user, its fd limit raised)"
 for v in ROUNDS DURATION THREADS WARMUP POOL_SIZE SCALE PGB_PORT PGT_PORT; do
@@ -78,13 +80,7 @@ for c in $CLIENTS; do [[ $c =~ ^[1-9][0-9]*$ ]] || die "CLIENTS: $c is not a cli
 # --- prerequisites ----------------------------------------------------------
 command -v pgbench >/dev/null || die "pgbench not found; install postgresql-client (Debian: apt-get install postgresql-client)"
 command -v python3 >/dev/null || die "python3 not found (it prints the table)"
-if ! command -v pgbouncer >/dev/null; then
-  say "installing pgbouncer (apt-get)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer >/dev/null 2>&1 \
-    || { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer >/dev/null; } \
-    || die "pgbouncer missing and apt-get install failed"
-fi
-systemctl stop pgbouncer 2>/dev/null || true   # Debian's unit, if any, would hold 6432
+ensure_pgbouncer
 
 # --- targets ------------------------------------------------------------------
 # pgt_labels[i], pgt_bins[i], pgt_ports[i]: the pgtender binaries to measure.
@@ -114,22 +110,9 @@ port_of() { # target
     *) local i; for i in "${!pgt_labels[@]}"; do if [[ ${pgt_labels[$i]} == "$1" ]]; then echo "${pgt_ports[$i]}"; fi; done ;;
   esac
 }
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_port() { # port
-  for _ in $(seq 100); do
-    port_open "$1" && return 0
-    sleep 0.1
-  done
-  return 1
-}
 
 # --- results --------------------------------------------------------------
-stamp=$(date -u +%Y%m%dT%H%M%SZ)
-out=$repo/.sandbox/bench/pgbench-$stamp
-cfg=$out/cfg
-logs=$out/logs
-mkdir -p "$cfg" "$logs"
-chmod 755 "$repo/.sandbox" "$repo/.sandbox/bench" "$out" "$cfg"
+results_dir pgbench
 raw=$out/results.tsv
 printf 'round\ttarget\tmode\tclients\ttps\tlatency_ms\tfailed\tstatus\texit\taborted\txacts\tload1\tcpu_us_per_xact\n' >"$raw"
 say "results in $out"
@@ -137,15 +120,7 @@ say "results in $out"
 # --- the poolers --------------------------------------------------------------
 declare -A pid_of=()
 stop_pooler() { # target
-  local pid=${pid_of[$1]:-}
-  if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -TERM "$pid" 2>/dev/null || true   # pgtender: a second TERM exits at once
-    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  fi
+  stop_pid "${pid_of[$1]:-}"
   pid_of[$1]=""
 }
 stop_poolers() {
@@ -160,85 +135,19 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-write_pgbouncer_cfg() {
-  cat >"$cfg/pgbouncer.ini" <<EOF
-[databases]
-$PG_DB = host=$PG_HOST port=$PG_PORT dbname=$PG_DB
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $PGB_PORT
-unix_socket_dir =
-auth_type = plain
-auth_file = $cfg/userlist.txt
-pool_mode = transaction
-default_pool_size = $POOL_SIZE
-max_client_conn = 1000
-; pools stay warm while the other targets run (pgtender: idle_timeout = 0)
-server_idle_timeout = 0
-log_connections = 0
-log_disconnections = 0
-log_stats = 0
-log_pooler_errors = 1
-syslog = 0
-logfile =
-EOF
-  echo "\"$PG_USER\" \"$PGPASSWORD\"" >"$cfg/userlist.txt"
-  chown postgres: "$cfg/pgbouncer.ini" "$cfg/userlist.txt"
-  chmod 600 "$cfg/userlist.txt"
-}
-
-write_pgtender_cfg() { # label port
-  local d=$cfg/$1
-  mkdir -p "$d"
-  cat >"$d/pgdog.toml" <<EOF
-[general]
-host = "127.0.0.1"
-port = $2
-workers = 2
-default_pool_size = $POOL_SIZE
-pooler_mode = "transaction"
-auth_type = "scram"
-passthrough_auth = "enabled_plain"
-# pools stay warm while the other targets run (PgBouncer: server_idle_timeout = 0)
-idle_timeout = 0
-openmetrics_port = 0
-log_connections = false
-log_disconnections = false
-
-[admin]
-password = "admin"
-
-[[databases]]
-name = "$PG_DB"
-host = "$PG_HOST"
-port = $PG_PORT
-EOF
-  cat >"$d/users.toml" <<EOF
-[[users]]
-name = "$PG_USER"
-database = "$PG_DB"
-password = "$PGPASSWORD"
-pool_size = $POOL_SIZE
-EOF
-}
-
 start_pooler() { # target
   local t=$1 port pid
   port=$(port_of "$t")
   stop_pooler "$t"
   port_open "$port" && die "port $port (for $t) is already in use by something else (ss -ltnp 'sport = :$port'); set PGB_PORT / PGT_PORT"
   if [[ $t == pgbouncer ]]; then
-    # setpriv keeps the raised fd limit (runuser resets it to 1024).
-    bash -c "ulimit -n \$(ulimit -Hn); exec setpriv --reuid=postgres --regid=postgres --init-groups pgbouncer '$cfg/pgbouncer.ini'" \
-      >>"$out/pgbouncer.log" 2>&1 &
+    launch_pgbouncer "$cfg/pgbouncer.ini" "$out/pgbouncer.log"
   else
     local i bin
     for i in "${!pgt_labels[@]}"; do if [[ ${pgt_labels[$i]} == "$t" ]]; then bin=${pgt_bins[$i]}; fi; done
-    bash -c "ulimit -n \$(ulimit -Hn); exec '$bin' --config '$cfg/$t/pgdog.toml' --users '$cfg/$t/users.toml'" \
-      >>"$out/pgtender-$t.log" 2>&1 &
+    launch_pgtender "$bin" "$cfg/$t" "$out/pgtender-$t.log"
   fi
-  pid=$!
+  pid=$launched_pid
   pid_of[$t]=$pid
   wait_port "$port" || { tail -n 20 "$out"/*"$t".log >&2 || true; die "$t did not listen on $port"; }
   sleep 0.3
@@ -246,35 +155,17 @@ start_pooler() { # target
   say "$t up (pid $pid, port $port, fd limit $(awk '/open files/ {print $4}' "/proc/$pid/limits"))"
 }
 
-pooler_cpu_us() { # pid: utime+stime in microseconds
-  local t
-  t=$(awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0)
-  echo $(( t * 1000000 / $(getconf CLK_TCK) ))
-}
-
-busiest() { # the busiest processes over one second (top's second frame)
-  top -b -n 2 -d 1 -w 200 2>/dev/null | awk '/^top -/ {n++} n == 2' | sed -n '7,18p' || true
-}
-
 # --- PostgreSQL ----------------------------------------------------------------
-if port_open "$PG_PORT" && ! "$repo/deploy/sandbox.sh" status 2>&1 | grep -q 'is running'; then
-  # Someone else's PostgreSQL (another worktree's sandbox?) holds the port:
-  # use it if the pgtender role logs in, as sandbox.sh would refuse to start.
-  psql -X -q -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -d "$PG_DB" -c 'SELECT 1' >/dev/null 2>&1 \
-    || die "port $PG_PORT is in use by a PostgreSQL where $PG_USER/$PG_DB cannot log in"
-  pg_note="reused a PostgreSQL already on $PG_HOST:$PG_PORT that is not this worktree's sandbox"
-else
-  "$repo/deploy/sandbox.sh" start
-  pg_note="deploy/sandbox.sh start (this worktree's sandbox; left running)"
-fi
+use_postgres "$PG_HOST" "$PG_PORT" "$PG_USER" "$PG_DB"
 say "$pg_note"
 say "pgbench -i -s $SCALE (direct)"
 pgbench -i -s "$SCALE" -q -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" "$PG_DB" >"$logs/init.log" 2>&1 \
   || { cat "$logs/init.log" >&2; die "pgbench -i failed"; }
 
-write_pgbouncer_cfg
+# No listen_backlog and max_client_conn 1000: pgbench opens at most CLIENTS connections.
+write_pgbouncer_ini "$cfg" "$PGB_PORT" "$POOL_SIZE" 1000 "" "$PG_PORT" "$PG_DB" "$PG_USER" "$PGPASSWORD"
 for i in "${!pgt_labels[@]}"; do
-  write_pgtender_cfg "${pgt_labels[$i]}" "${pgt_ports[$i]}"
+  write_pgtender_toml "$cfg/${pgt_labels[$i]}" "${pgt_ports[$i]}" "$POOL_SIZE" 2 "" enabled_plain 0 "$PG_PORT" "$PG_DB" "$PG_USER" "$PGPASSWORD"
   "${pgt_bins[$i]}" --config "$cfg/${pgt_labels[$i]}/pgdog.toml" --users "$cfg/${pgt_labels[$i]}/users.toml" --check-config >"$logs/check-${pgt_labels[$i]}.log" 2>&1 \
     || { cat "$logs/check-${pgt_labels[$i]}.log" >&2; die "${pgt_labels[$i]} (${pgt_bins[$i]}) rejects its config"; }
 done
@@ -317,11 +208,11 @@ run_cell() {
       echo "round $round: $t was not running (died?) before -M $mode -c $n; started again" | tee -a "$out/conditions.txt" >&2
       start_pooler "$t"; pid=${pid_of[$t]}
     fi
-    c0=$(pooler_cpu_us "$pid")
+    c0=$(cpu_us "$pid")
   fi
   load1=$(cut -d' ' -f1 /proc/loadavg)
   rc=$(run_pgbench "$t" "$mode" "$n" "$DURATION" "$log")
-  if [[ -n $pid ]]; then c1=$(pooler_cpu_us "$pid"); fi
+  if [[ -n $pid ]]; then c1=$(cpu_us "$pid"); fi
   tps=$(awk '/^tps = / {print $3; exit}' "$log")
   lat=$(awk '/^latency average = / {print $4; exit}' "$log")
   failed=$(awk -F'[: ]+' '/^number of failed transactions/ {print $5; exit}' "$log")
