@@ -30,8 +30,19 @@ test-short:
 test-auth-full:
 	$(GO) test -count=1 -timeout 30m -run 'TestWrongPasswords|TestRotationStorm' -v ./integration -args -wrong-password-logins=10000 -rotation-min-ratio=0.8
 
+# pgtender, PgBouncer and direct Postgres side by side in one run, with the
+# loopback ceiling, then the Go micro-benchmarks (root; not part of make test;
+# about 12 minutes, BENCH_QUICK=1 under 2; docs/bench.md). The report goes to
+# .sandbox/bench/bench-<timestamp>/report.md and report.json.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+	deploy/bench/bench.sh
+	$(MAKE) --no-print-directory bench-micro
+
+# The Go micro-benchmarks alone (allocations per operation are in -benchmem's
+# columns). BENCH_QUICK=1 runs each for 100 ms instead of 1 s.
+.PHONY: bench-micro
+bench-micro:
+	$(GO) test -run '^$$' -bench . -benchmem $(if $(filter 1,$(BENCH_QUICK)),-benchtime 100ms) ./...
 
 # Reconnect waves under a cgroup CPU quota, pgtender vs PgBouncer (root; not part of make test).
 bench-wave:
