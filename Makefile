@@ -32,7 +32,7 @@ test-auth-full:
 
 # pgtender, PgBouncer and direct Postgres side by side in one run, with the
 # loopback ceiling, then the Go micro-benchmarks (root; not part of make test;
-# about 12 minutes, BENCH_QUICK=1 under 2; docs/bench.md). The report goes to
+# about 11 minutes, BENCH_QUICK=1 under 2; docs/bench.md). The report goes to
 # .sandbox/bench/bench-<timestamp>/report.md and report.json.
 bench:
 	deploy/bench/bench.sh

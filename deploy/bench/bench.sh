@@ -212,7 +212,7 @@ ensure_target() {
 # --- PostgreSQL ----------------------------------------------------------------
 use_postgres "$PG_HOST" "$PG_PORT" "$PG_USER" "$PG_DB"
 say "$pg_note"
-pg_setting() { psql -X -At -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -d "$PG_DB" -c "SHOW $1" 2>/dev/null || echo "?"; }
+pg_setting() { timeout 30 psql -X -At -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -d "$PG_DB" -c "SHOW $1" 2>/dev/null || echo "?"; }
 max_conn=$(pg_setting max_connections)
 # The postmaster (whatever started it) and the superuser's socket: the
 # rotation role and the pinned rows need them.

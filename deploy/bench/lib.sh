@@ -71,7 +71,7 @@ ensure_pgbouncer() {
 use_postgres() {
   if port_open "$2" && ! deploy/sandbox.sh status 2>&1 | grep -q 'is running'; then
     # sandbox.sh would refuse to start on a taken port.
-    psql -X -q -h "$1" -p "$2" -U "$3" -d "$4" -c 'SELECT 1' >/dev/null 2>&1 \
+    timeout 30 psql -X -q -h "$1" -p "$2" -U "$3" -d "$4" -c 'SELECT 1' >/dev/null 2>&1 \
       || die "port $2 is in use by a PostgreSQL where $3/$4 cannot log in"
     pg_note="reused a PostgreSQL already on $1:$2 that is not this worktree's sandbox"
   else
