@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler/sqlscan"
 )
 
 // scannedSession is a transaction-mode session of pool that has just
@@ -18,6 +19,9 @@ func scannedSession(pool *Pool) *session {
 func (s *session) scanText(text string) { s.scanBytes([]byte(text)) }
 
 func (s *session) scanBytes(text []byte) {
+	if s.sql == nil {
+		s.sql = new(sqlscan.Scanner)
+	}
 	s.sql.Reset()
 	s.sql.Write(text)
 	s.noteCustomSettings(s.sql.Effects())

@@ -94,7 +94,7 @@ func testConfig(fake *fakePG, mutate func(*config.Config)) *config.Config {
 
 // harness is a running pooler in front of a fake Postgres.
 type harness struct {
-	t    *testing.T
+	t    testing.TB
 	fake *fakePG
 	p    *Pooler
 	logs *observer.ObservedLogs // what the pooler logged, at Info and above
@@ -103,20 +103,28 @@ type harness struct {
 // newHarness starts a fake Postgres and a pooler in front of it. Cleanup
 // shuts the pooler down (after the test's clients, registered later, are
 // closed) and then the fake.
-func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
+func newHarness(t testing.TB, mutate func(*config.Config)) *harness {
 	t.Helper()
 	return newHarnessWith(t, mutate, nil)
 }
 
 // newHarnessWith is newHarness with a login recorder (nil: the no-op).
-func newHarnessWith(t *testing.T, mutate func(*config.Config), recorder LoginRecorder) *harness {
+func newHarnessWith(t testing.TB, mutate func(*config.Config), recorder LoginRecorder) *harness {
 	t.Helper()
-	fake := newFakePG(t, serverPassword)
-	cfg := testConfig(fake, mutate)
 	observed, logs := observer.New(zapcore.InfoLevel)
 	log := zaptest.NewLogger(t, zaptest.Level(zapcore.InfoLevel), zaptest.WrapOptions(zap.WrapCore(func(core zapcore.Core) zapcore.Core {
 		return zapcore.NewTee(core, observed)
 	})))
+	h := newHarnessLogger(t, mutate, recorder, log)
+	h.logs = logs
+	return h
+}
+
+// newHarnessLogger is newHarnessWith logging to log; its logs field is nil.
+func newHarnessLogger(t testing.TB, mutate func(*config.Config), recorder LoginRecorder, log *zap.Logger) *harness {
+	t.Helper()
+	fake := newFakePG(t, serverPassword)
+	cfg := testConfig(fake, mutate)
 	p, err := New(cfg, log, recorder)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -137,7 +145,7 @@ func newHarnessWith(t *testing.T, mutate func(*config.Config), recorder LoginRec
 			t.Errorf("Serve returned %v, want ErrServerClosed", err)
 		}
 	})
-	return &harness{t: t, fake: fake, p: p, logs: logs}
+	return &harness{t: t, fake: fake, p: p}
 }
 
 // connString is a libpq connection string to the pooler.

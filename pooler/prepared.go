@@ -271,7 +271,7 @@ func (op *statementOp) undo(s *session) {
 		if op.prev == nil {
 			delete(s.statements, op.name)
 		} else {
-			s.statements[op.name] = op.prev
+			s.defineStatement(op.name, op.prev)
 		}
 	}
 	if op.server == nil {
@@ -363,7 +363,7 @@ func (s *session) prepareWithoutServerLocked(summary *chunkSummary) ([]byte, boo
 		m := &summary.messages[i]
 		switch m.typ {
 		case wire.MsgParse:
-			s.statements[string(statementName(m.name))] = statements[parsed]
+			s.defineStatement(string(statementName(m.name)), statements[parsed])
 			parsed++
 			reply = wire.AppendParseComplete(reply)
 		case wire.MsgSync:
@@ -588,7 +588,7 @@ func (s *session) planParseLocked(sc *ServerConn, m *clientMessage) {
 	}
 	s.keyScratch = statementKey(s.keyScratch[:0], s.settings["search_path"].value, m.parse)
 	stmt := sc.pool.statements.intern(s.keyScratch, m.parse, m.resets)
-	s.statements[name] = stmt
+	s.defineStatement(name, stmt)
 	op := &statementOp{kind: opDefine, name: name, stmt: stmt}
 	// Answered by pgtender only when Postgres is known to hold it here and
 	// would answer ParseComplete: not in a failed transaction (25P02, but
@@ -833,4 +833,14 @@ func (s *session) insertClose(at int, name []byte) {
 	s.replace(at, at)
 	s.editBytes = wire.AppendClose(s.editBytes, wire.TargetStatement, name)
 	s.endEdit()
+}
+
+// defineStatement records the client's statement name as stmt. The map is
+// made at the first one: most clients of a transaction pool prepare none,
+// and an idle session should cost little (docs/PERFORMANCE.md).
+func (s *session) defineStatement(name string, stmt *preparedStatement) {
+	if s.statements == nil {
+		s.statements = make(map[string]*preparedStatement)
+	}
+	s.statements[name] = stmt
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -27,15 +28,19 @@ import (
 // sees part of a header and every forwarded chunk ends at a message boundary
 // or inside a message body.
 func (s *session) relay() error {
+	s.in.init(s)
 	buf := *s.bufRef
 	leftover := copy(buf, s.reader.Buffered())
 	s.reader = nil
-	carried := 0 // bytes of a partial header kept at buf[:carried]
+	carried := 0    // bytes of a partial header kept at buf[:carried]
+	var long []byte // while a message longer than the pooled buffer arrives: buf
 	for {
 		n := leftover
 		leftover = 0
 		if n == 0 {
-			k, err := s.conn.Read(buf[carried:])
+			var k int
+			var err error
+			buf, k, err = s.in.read(long, carried)
 			if k == 0 {
 				return err
 			}
@@ -64,7 +69,7 @@ func (s *session) relay() error {
 						return err
 					}
 				}
-				buf = grown
+				buf, long = grown, grown
 				continue
 			}
 			s.scanner.DropUnreported()
@@ -79,8 +84,8 @@ func (s *session) relay() error {
 		}
 		if carried > 0 {
 			copy(buf, chunk[n-carried:])
-		} else if len(buf) != len(*s.bufRef) {
-			buf = *s.bufRef // the long message has passed
+		} else {
+			long = nil // the long message has passed
 		}
 	}
 }
@@ -330,7 +335,11 @@ const inspectBindNames = 256
 // beginText starts following the text of a Query or Parse message, whose
 // body the chunk begins to hold.
 func (s *session) beginText(msg wire.Message) {
+	if s.sql == nil {
+		s.sql = sqlScanners.Get().(*sqlscan.Scanner)
+	}
 	s.sql.Reset()
+	s.sql.StandardConformingStringsOff = s.standardConformingStringsOff
 	s.textMessage = msg.Type
 	s.textLeft = msg.Length
 	// Parse: the statement's name comes first; a named one begins with a
@@ -338,6 +347,10 @@ func (s *session) beginText(msg wire.Message) {
 	s.textSkipName = msg.Type == wire.MsgParse
 	s.textNamed = msg.Type == wire.MsgParse && len(msg.Body) > 0 && msg.Body[0] != 0
 }
+
+// sqlScanners holds the SQL scanners of texts being followed: a session
+// holds one only while a text passes, so an idle session does not hold one.
+var sqlScanners = sync.Pool{New: func() any { return new(sqlscan.Scanner) }}
 
 // feedText passes the next bytes of the body of the Query or Parse being
 // followed to the SQL scanner and, once the whole body has passed, takes
@@ -394,6 +407,8 @@ func (s *session) feedText(p []byte) {
 		s.chunk.mayChangeSession = true
 		s.noteCustomSettings(effects)
 	}
+	sqlScanners.Put(s.sql)
+	s.sql = nil
 }
 
 // forwardClientBytes sends a scanned chunk to the linked server connection,
@@ -472,7 +487,7 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	}
 	// Strings are lexed as the client's session reads them (the value as
 	// of its last probe).
-	s.sql.StandardConformingStringsOff = s.settings["standard_conforming_strings"].value == "off"
+	s.standardConformingStringsOff = s.settings["standard_conforming_strings"].value == "off"
 	s.link.clientMid = !s.scanner.AtBoundary()
 	s.writing = true
 	s.mu.Unlock()
@@ -569,11 +584,10 @@ func (s *session) acquire() (*ServerConn, error) {
 func (s *session) linkServer(sc *ServerConn) {
 	s.server = sc
 	s.link.reset()
-	done := make(chan struct{})
-	s.readerDone = done
 	s.setState(stateLinked)
 	s.pooler.wg.Add(1)
-	go s.readServer(sc, done)
+	s.readers.Add(1)
+	go s.readServer(sc)
 }
 
 // answerWithoutServer replies to a chunk that no server connection will
@@ -632,9 +646,9 @@ func (s *session) answerWithoutServer(failure *clientError) error {
 // ways: after releasing sc to the pool; after discarding a broken sc (and
 // ending the client session); or, when the session is closing, leaving sc
 // linked for finish to clean up.
-func (s *session) readServer(sc *ServerConn, done chan struct{}) {
+func (s *session) readServer(sc *ServerConn) {
 	defer s.pooler.wg.Done()
-	defer close(done)
+	defer s.readers.Done()
 	for {
 		n, readErr := sc.conn.Read(sc.buf[sc.carried:])
 		if n == 0 && readErr != nil {
@@ -1098,15 +1112,13 @@ func (s *session) serverLost(err error) {
 func (s *session) finish() {
 	s.mu.Lock()
 	s.endLocked(stateClosing)
-	sc, done := s.server, s.readerDone
+	sc := s.server
 	if sc != nil {
 		s.wakeReaderLocked(sc) // it sees closing and hands sc over
 	}
 	s.mu.Unlock()
 	_ = s.conn.Close()
-	if sc != nil {
-		<-done
-	}
+	s.readers.Wait()
 	s.mu.Lock()
 	sc = s.server
 	s.server = nil

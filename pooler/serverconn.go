@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
@@ -34,8 +35,9 @@ const serverReadBufferLen = 16 << 10
 // scanner; nothing in a ServerConn is safe for concurrent use.
 type ServerConn struct {
 	conn    net.Conn
-	buf     []byte       // read buffer, owned by this connection for its life
-	scanner wire.Scanner // message boundaries of what the server sent
+	peeker  *socketPeeker // conn's, made by idleAndAlive, which only the checkout calls
+	buf     []byte        // read buffer, owned by this connection for its life
+	scanner wire.Scanner  // message boundaries of what the server sent
 	// carried is how many bytes at the front of buf are a partial message
 	// header held back by the relay (readServer), not yet scanned again;
 	// skip is how many bytes of a swallowed reply are still to come.
@@ -250,7 +252,10 @@ func (sc *ServerConn) close() {
 // it ends a session (shutdown, pg_terminate_backend), so unread bytes on an
 // idle connection mean it is going away.
 func (sc *ServerConn) idleAndAlive() bool {
-	switch peekConn(sc.conn) {
+	if sc.peeker == nil {
+		sc.peeker = newSocketPeeker(sc.conn)
+	}
+	switch sc.peeker.look() {
 	case peekNothing, peekUnknown: // TLS: the first use will tell
 		return true
 	}
@@ -268,36 +273,67 @@ const (
 )
 
 // peekConn looks at conn's receive queue with one non-blocking
-// recv(MSG_PEEK) and never waits.
+// recv(MSG_PEEK) and never waits. For a connection looked at often (a
+// server connection at every checkout), a socketPeeker made once does it
+// without allocating.
 func peekConn(conn net.Conn) peekResult {
-	sysConn, ok := conn.(syscall.Conn)
-	if !ok {
-		return peekUnknown
-	}
-	raw, err := sysConn.SyscallConn()
-	if err != nil {
-		return peekUnknown
-	}
-	result := peekUnknown
-	var probe [1]byte
-	err = raw.Read(func(fd uintptr) bool {
-		n, _, recvErr := unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		switch {
-		case n > 0:
-			result = peekData
-		case n == 0 && recvErr == nil:
-			result = peekClosed
-		case recvErr == unix.EAGAIN || recvErr == unix.EWOULDBLOCK:
-			result = peekNothing
-		default:
-			result = peekClosed
+	return newSocketPeeker(conn).look()
+}
+
+// socketPeeker looks at one socket's receive queue (look). The zero value,
+// and nil, find peekUnknown.
+type socketPeeker struct {
+	raw    syscall.RawConn
+	recv   func(fd uintptr) bool // peekOnce, bound once
+	probe  [1]byte
+	result peekResult
+}
+
+// newSocketPeeker returns a peeker for conn, which sees nothing but
+// peekUnknown unless conn is a socket (TLS is not: its records hide what
+// is plaintext).
+func newSocketPeeker(conn net.Conn) *socketPeeker {
+	p := &socketPeeker{}
+	if sysConn, ok := conn.(syscall.Conn); ok {
+		if raw, err := sysConn.SyscallConn(); err == nil {
+			p.raw = raw
+			p.recv = p.peekOnce
 		}
-		return true // never wait for readiness
-	})
-	if err != nil {
+	}
+	return p
+}
+
+// look reports what the socket's receive queue holds. Not safe for
+// concurrent use.
+func (p *socketPeeker) look() peekResult {
+	if p == nil || p.raw == nil {
+		return peekUnknown
+	}
+	p.result = peekUnknown
+	if err := p.raw.Read(p.recv); err != nil {
 		return peekClosed
 	}
-	return result
+	return p.result
+}
+
+func (p *socketPeeker) peekOnce(fd uintptr) bool {
+	// recvfrom(2) without an address, so that nothing is allocated for one
+	// (unix.Recvfrom always decodes one).
+	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.probe[0])), 1,
+		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	switch {
+	case errno == 0 && n > 0:
+		p.result = peekData
+	case errno == 0:
+		p.result = peekClosed
+	case errno == unix.EAGAIN || errno == unix.EWOULDBLOCK:
+		p.result = peekNothing
+	case errno == unix.EINTR:
+		return false // wait: the poller calls again when readable, or now
+	default:
+		p.result = peekClosed
+	}
+	return true // never wait for readiness
 }
 
 // exec runs one simple-protocol statement that returns no rows the caller

@@ -113,16 +113,24 @@ type session struct {
 	loggedIn  atomic.Bool
 
 	// Owned by the serve goroutine.
-	bufRef  *[]byte      // pooled read buffer, returned at close
+	// bufRef is the pooled read buffer, returned at close; after login
+	// it is nil while in (clientReader) has given it back.
+	bufRef  *[]byte
 	reader  *wire.Reader // login only
+	in      clientReader // after login
 	scanner wire.Scanner // client stream, after login
 	// The text of the Query or Parse being relayed is followed by sql as
 	// it passes (feedText): textLeft bytes of its body are still to come.
-	sql          sqlscan.Scanner
-	textMessage  byte
-	textLeft     int
-	textSkipName bool // a Parse's statement name is still passing
-	textNamed    bool // the Parse names its statement
+	// sql is taken from sqlScanners by beginText and given back when the
+	// text has passed; nil between texts.
+	sql *sqlscan.Scanner
+	// standardConformingStringsOff is how the client's session reads
+	// strings, as of its last probe: the next text is lexed so.
+	standardConformingStringsOff bool
+	textMessage                  byte
+	textLeft                     int
+	textSkipName                 bool // a Parse's statement name is still passing
+	textNamed                    bool // the Parse names its statement
 	// effectfulStatements: a named statement the client prepared may
 	// change the session's state when executed (its text did, to
 	// sqlscan); effectfulUnnamed: the unnamed one may. A Bind then marks
@@ -170,13 +178,16 @@ type session struct {
 
 	// mu guards the link between the client and a server connection. The
 	// release point is decided under it: see releaseIfAtRestLocked.
-	mu         sync.Mutex
-	cond       sync.Cond // on mu; signalled when writing turns false
-	server     *ServerConn
-	readerDone chan struct{} // closed when the current readServer returns
-	link       link          // protocol state of the link to server (link.go)
-	writing    bool          // serve is writing client bytes to server
-	discarding bool          // after a failed checkout: drop extended messages until Sync
+	mu     sync.Mutex
+	cond   sync.Cond // on mu; signalled when writing turns false
+	server *ServerConn
+	// readers counts the readServer goroutines that have not returned:
+	// finish waits for them. Nothing links after finish has begun, so no
+	// Add follows its Wait.
+	readers    sync.WaitGroup
+	link       link // protocol state of the link to server (link.go)
+	writing    bool // serve is writing client bytes to server
+	discarding bool // after a failed checkout: drop extended messages until Sync
 	// woken says a read deadline in the past was given to the server
 	// connection to make readServer look at the session again
 	// (wakeReaderLocked); readServer clears both.
@@ -241,7 +252,6 @@ func newSession(p *Pooler, conn *net.TCPConn) *session {
 	s.link.reset()
 	s.cond.L = &s.mu
 	s.scanner.Inspect = inspectClientMessage
-	s.statements = make(map[string]*preparedStatement)
 	return s
 }
 
@@ -280,7 +290,9 @@ func (s *session) serve() {
 		}
 		s.finish()
 		s.setState(stateClosed)
-		clientBufferPool.Put(s.bufRef)
+		if s.bufRef != nil {
+			clientBufferPool.Put(s.bufRef)
+		}
 	}()
 	s.setState(stateStartup)
 	err := func() error {
@@ -538,7 +550,9 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	}
 	reply = wire.AppendBackendKeyData(reply, s.processID, s.secret)
 	reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
-	s.localReplies = reply[:0]
+	// Not kept as the session's scratch: a reply this long is rare after
+	// login, and an idle session should cost little.
+	s.localReplies = nil
 	if p.draining.Load() {
 		return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
 	}
