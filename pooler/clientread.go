@@ -23,7 +23,8 @@ import (
 // block); what is added is a sync.Pool Put and Get around each wait.
 //
 // A TLS session keeps its buffer: crypto/tls buffers records itself, so the
-// plaintext cannot be waited for on the socket (docs/pooling.md, "Memory").
+// plaintext cannot be waited for on the socket (docs/pooling.md, "What an
+// idle client holds").
 
 // clientReader reads the client's socket after login. Owned by the serve
 // goroutine.

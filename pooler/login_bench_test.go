@@ -119,9 +119,7 @@ func (r *backendReader) readUntil(t testing.TB, conn net.Conn, last byte) {
 //	go test -run '^$' -bench RelaySimpleQuery -benchmem -memprofile mem.out ./pooler
 func BenchmarkRelaySimpleQuery(b *testing.B) {
 	h := newHarnessQuiet(b, nil)
-	conn, fe := h.rawConnect()
-	_ = conn.SetDeadline(time.Time{})
-	_ = fe
+	conn, _ := h.rawConnect()
 	query := wire.AppendQuery(nil, "SELECT 1")
 	in := &backendReader{buf: make([]byte, 4096)}
 	round := func() {

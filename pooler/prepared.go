@@ -837,7 +837,8 @@ func (s *session) insertClose(at int, name []byte) {
 
 // defineStatement records the client's statement name as stmt. The map is
 // made at the first one: most clients of a transaction pool prepare none,
-// and an idle session should cost little (docs/PERFORMANCE.md).
+// and an idle session should cost little (docs/pooling.md, "What an idle
+// client holds").
 func (s *session) defineStatement(name string, stmt *preparedStatement) {
 	if s.statements == nil {
 		s.statements = make(map[string]*preparedStatement)

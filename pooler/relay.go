@@ -349,7 +349,8 @@ func (s *session) beginText(msg wire.Message) {
 }
 
 // sqlScanners holds the SQL scanners of texts being followed: a session
-// holds one only while a text passes, so an idle session does not hold one.
+// holds one only while a text passes, so an idle session does not hold one
+// (docs/pooling.md, "What an idle client holds").
 var sqlScanners = sync.Pool{New: func() any { return new(sqlscan.Scanner) }}
 
 // feedText passes the next bytes of the body of the Query or Parse being

@@ -316,24 +316,28 @@ func (p *socketPeeker) look() peekResult {
 	return p.result
 }
 
+// peekOnce is the look's one recvfrom(2); it always returns true, because
+// asking the poller to wait would block a checkout on an idle connection.
 func (p *socketPeeker) peekOnce(fd uintptr) bool {
-	// recvfrom(2) without an address, so that nothing is allocated for one
-	// (unix.Recvfrom always decodes one).
-	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.probe[0])), 1,
-		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
-	switch {
-	case errno == 0 && n > 0:
-		p.result = peekData
-	case errno == 0:
-		p.result = peekClosed
-	case errno == unix.EAGAIN || errno == unix.EWOULDBLOCK:
-		p.result = peekNothing
-	case errno == unix.EINTR:
-		return false // wait: the poller calls again when readable, or now
-	default:
-		p.result = peekClosed
+	for {
+		// No address asked for, so that nothing is allocated for one
+		// (unix.Recvfrom always decodes one).
+		n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.probe[0])), 1,
+			unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		switch {
+		case errno == unix.EINTR:
+			continue
+		case errno == 0 && n > 0:
+			p.result = peekData
+		case errno == 0:
+			p.result = peekClosed
+		case errno == unix.EAGAIN || errno == unix.EWOULDBLOCK:
+			p.result = peekNothing
+		default:
+			p.result = peekClosed
+		}
+		return true
 	}
-	return true // never wait for readiness
 }
 
 // exec runs one simple-protocol statement that returns no rows the caller
