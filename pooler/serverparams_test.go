@@ -142,6 +142,10 @@ func TestLoginsAreToldTheServerAsItIsNow(t *testing.T) {
 	h.fake.setReported("TimeZone", "Asia/Kolkata")
 	h.fake.setReported("in_hot_standby", "off")
 	old := mustWhoami(t, a)
+	// Killed once it is back in the pool: the client reads its reply
+	// before readServer releases the connection, and a connection killed
+	// while still linked ends the client's session (08006).
+	h.waitIdle(1)
 	h.fake.kill(old)
 	waitFor(t, "the old connection to end", func() bool { return h.fake.byPID(old).Ended() })
 	if pid := mustWhoami(t, a); pid == old {
