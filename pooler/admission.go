@@ -71,6 +71,9 @@ const (
 	stallGapFactor   = 2
 	stallGapHalfLife = 10 * time.Second
 	stallWaitCeiling = 400 * time.Millisecond
+	// burstQuiet: logins that find every slot held after this long in
+	// which none did begin a burst (loginSlots.noteWaited).
+	burstQuiet = time.Second
 	// stallGapFloor: spells shorter than this are not recorded (they
 	// could not raise the wait above any sensible target), so the common
 	// step costs a clock read and an atomic swap, and no lock.
@@ -115,6 +118,17 @@ type loginSlots struct {
 	// waited is set when an accept loop found every slot taken; the queue
 	// sizer reads and clears it each tick.
 	waited atomic.Bool
+	// burstStart is the clock reading at which the current burst began:
+	// the first time a login found every slot held after burstQuiet in
+	// which none did; lastWaitedAt is the latest such time. Within
+	// stallWaitCeiling of a burst's start the stall wait is the ceiling
+	// (see stallWait).
+	burstStart   atomic.Int64
+	lastWaitedAt atomic.Int64
+	// longestQueueWait is the longest accept-queue wait, in nanoseconds,
+	// of the connections accepted since the queue sizer last read and
+	// cleared it (noteQueueWait).
+	longestQueueWait atomic.Int64
 	// serverWaits counts logins holding a slot that are waiting on
 	// Postgres (a passthrough verification, a cold pool's first server
 	// connection). Slots held that way are not stalled: each such wait ends
@@ -138,6 +152,30 @@ type loginSlots struct {
 	slowSpellAt time.Duration
 }
 
+// full reports whether every slot is held.
+func (s *loginSlots) full() bool { return len(s.held) == cap(s.held) }
+
+// noteWaited records that an accept loop found every slot held: for the
+// queue sizer (waited), and for the start of a burst (burstStart).
+func (s *loginSlots) noteWaited() {
+	s.waited.Store(true)
+	now := int64(s.clock())
+	if now-s.lastWaitedAt.Swap(now) > int64(burstQuiet) {
+		s.burstStart.Store(now)
+	}
+}
+
+// noteQueueWait records how long an accepted connection waited in the
+// kernel's accept queue, for the queue sizer.
+func (s *loginSlots) noteQueueWait(wait time.Duration) {
+	for {
+		longest := s.longestQueueWait.Load()
+		if int64(wait) <= longest || s.longestQueueWait.CompareAndSwap(longest, int64(wait)) {
+			return
+		}
+	}
+}
+
 // serverWaitBegin and serverWaitEnd bracket a login's wait on Postgres.
 func (s *loginSlots) serverWaitBegin() { s.serverWaits.Add(1) }
 func (s *loginSlots) serverWaitEnd()   { s.serverWaits.Add(-1) }
@@ -147,7 +185,11 @@ func newLoginSlots(n int) *loginSlots {
 		n = slotsPerCPU * runtime.GOMAXPROCS(0)
 	}
 	epoch := time.Now()
-	return &loginSlots{held: make(chan struct{}, n), clock: func() time.Duration { return time.Since(epoch) }}
+	s := &loginSlots{held: make(chan struct{}, n), clock: func() time.Duration { return time.Since(epoch) }}
+	// No burst has begun: the first login to find every slot held begins one.
+	s.lastWaitedAt.Store(int64(-2 * burstQuiet))
+	s.burstStart.Store(int64(-2 * stallWaitCeiling))
+	return s
 }
 
 // tryAcquire takes a slot if one is free.
@@ -185,7 +227,7 @@ func (s *loginSlots) progress() {
 func (s *loginSlots) step() {
 	now := s.clock()
 	spell := now - time.Duration(s.lastEvent.Swap(int64(now)))
-	if spell < stallGapFloor || spell > stallWaitCeiling || len(s.held) < cap(s.held) {
+	if spell < stallGapFloor || spell > stallWaitCeiling || !s.full() {
 		return
 	}
 	s.slowSpellMu.Lock()
@@ -209,9 +251,21 @@ func (s *loginSlots) decayedSlowSpell(now time.Duration) time.Duration {
 // step before the slots count as stalled: target (login_queue_target), or
 // stallGapFactor times the recent slowest spell, whichever is longer, and
 // at most stallWaitCeiling (or target, if that is longer).
+//
+// Within stallWaitCeiling of the start of a burst it is the ceiling: the
+// slots were just filled by clients that connected together, which have
+// yet to show how slow they are, and a fleet reconnecting at once is slow
+// to send its first packets while its own dials take the machine's CPU.
+// With the short wait, a burst of thousands of clients into an idle pooler
+// had hundreds refused at its start (docs/admission.md). Clients that
+// stall are still refused, a few hundred milliseconds later.
 func (s *loginSlots) stallWait(target time.Duration) time.Duration {
+	now := s.clock()
+	if now-time.Duration(s.burstStart.Load()) < stallWaitCeiling {
+		return max(target, stallWaitCeiling)
+	}
 	s.slowSpellMu.Lock()
-	spell := s.decayedSlowSpell(s.clock())
+	spell := s.decayedSlowSpell(now)
 	s.slowSpellMu.Unlock()
 	return max(target, min(stallGapFactor*spell, stallWaitCeiling))
 }
@@ -268,7 +322,7 @@ func newAdmissionPolicy(slots *loginSlots) *admissionPolicy {
 func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{}) (haveSlot bool) {
 	if a.shedding {
 		if a.slots.progressed.Load() == a.progressedAtShed {
-			a.slots.waited.Store(true)
+			a.slots.noteWaited()
 			return false // still stalled
 		}
 		a.shedding = false // a login took a step: the slots progress again
@@ -276,7 +330,7 @@ func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{
 	if a.slots.tryAcquire() {
 		return true
 	}
-	a.slots.waited.Store(true)
+	a.slots.noteWaited()
 	progressed := a.slots.progressed.Load()
 	stallWait := a.slots.stallWait(target)
 	wait, confirming := stallWait, false

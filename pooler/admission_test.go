@@ -53,6 +53,12 @@ func newTestPolicy(slots int) (*admissionPolicy, *fakeTimers) {
 	policy := newAdmissionPolicy(newLoginSlots(slots))
 	policy.newTimer = timers.newTimer
 	policy.now = timers.now
+	// The slots' clock stands still, in a burst that began long ago, so
+	// that stallWait is the target (TestStallWaitIsTheCeilingAtABurstStart
+	// covers the start of a burst).
+	clock := &manualClock{now: time.Hour}
+	policy.slots.clock = clock.read
+	policy.slots.lastWaitedAt.Store(int64(clock.now))
 	return policy, timers
 }
 
@@ -255,6 +261,19 @@ func TestAcceptQueueSize(t *testing.T) {
 			t.Errorf("%s: %d, want %d", c.name, got, c.want)
 		}
 	}
+	for _, c := range []struct{ current, want, next int }{
+		{4096, 100, 3072}, // shrinks by a quarter a tick
+		{3072, 2500, 2500},
+		{100, 4096, 4096}, // grows at once
+		{16, 16, 16},
+	} {
+		if got := stepAcceptQueueSize(c.current, c.want); got != c.next {
+			t.Errorf("step from %d towards %d: %d, want %d", c.current, c.want, got, c.next)
+		}
+	}
+	if got := queueTarget(2 * time.Second); got != 1500*time.Millisecond {
+		t.Errorf("queue target for login_queue_max_age 2 s: %v, want 1.5s", got)
+	}
 }
 
 func TestStandingQueueNeedsAQuietSecondToClear(t *testing.T) {
@@ -371,17 +390,23 @@ type manualClock struct{ now time.Duration }
 
 func (c *manualClock) read() time.Duration { return c.now }
 
-func TestStallWaitFollowsSlowSpells(t *testing.T) {
-	const target = 50 * time.Millisecond
+// newStallWaitCheck makes two slots on a manual clock and a check of their
+// stall wait for target.
+func newStallWaitCheck(t *testing.T, target time.Duration) (*loginSlots, *manualClock, func(when string, want time.Duration)) {
 	slots := newLoginSlots(2)
 	clock := &manualClock{now: time.Hour}
 	slots.clock = clock.read
-	wantWait := func(when string, want time.Duration) {
+	return slots, clock, func(when string, want time.Duration) {
 		t.Helper()
 		if got := slots.stallWait(target); got != want {
 			t.Fatalf("%s: stall wait %v, want %v", when, got, want)
 		}
 	}
+}
+
+func TestStallWaitFollowsSlowSpells(t *testing.T) {
+	const target = 50 * time.Millisecond
+	slots, clock, wantWait := newStallWaitCheck(t, target)
 	wantWait("with no history", target)
 
 	// A spell with a slot free is not a slow spell: nobody was waiting.
@@ -424,6 +449,48 @@ func TestStallWaitFollowsSlowSpells(t *testing.T) {
 	wantWait("after a spell just under the ceiling", stallWaitCeiling)
 }
 
+func TestStallWaitIsTheCeilingAtABurstStart(t *testing.T) {
+	const target = 50 * time.Millisecond
+	slots, clock, wantWait := newStallWaitCheck(t, target)
+	wantWait("before any login waited", target)
+	slots.noteWaited() // the first login to find every slot held
+	wantWait("at the start of a burst", stallWaitCeiling)
+	clock.now += stallWaitCeiling - time.Millisecond
+	slots.noteWaited()
+	wantWait("just inside the burst's first ceiling", stallWaitCeiling)
+	clock.now += time.Millisecond
+	wantWait("once the burst has lasted the ceiling", target)
+	// Waits less than burstQuiet apart are one burst.
+	for range 5 {
+		clock.now += burstQuiet - time.Millisecond
+		slots.noteWaited()
+		wantWait("in a burst that goes on", target)
+	}
+	if !slots.waited.Load() {
+		t.Fatal("noteWaited did not tell the queue sizer")
+	}
+	// A quiet spell, and a new burst.
+	clock.now += burstQuiet + time.Millisecond
+	slots.noteWaited()
+	wantWait("at the start of a burst after a quiet spell", stallWaitCeiling)
+}
+
+// A stall at the start of a burst is still detected, after the ceiling.
+func TestAdmissionShedsAStallAtABurstStart(t *testing.T) {
+	policy, timers := newTestPolicy(2)
+	policy.slots.lastWaitedAt.Store(0) // quiet since long ago
+	holdAll(policy.slots)
+	took := startBeforeAccept(policy)
+	<-timers.armed
+	timers.mu.Lock()
+	wait := timers.lastWait
+	timers.mu.Unlock()
+	if wait != stallWaitCeiling {
+		t.Fatalf("stall wait %v at a burst's start, want %v", wait, stallWaitCeiling)
+	}
+	expireUntilShedding(t, policy, timers, took, 2)
+}
+
 func TestAdmissionWaitsLongerAfterSlowSpells(t *testing.T) {
 	policy, timers := newTestPolicy(2)
 	clock := &manualClock{now: time.Hour}
@@ -445,5 +512,96 @@ func TestAdmissionWaitsLongerAfterSlowSpells(t *testing.T) {
 	expireUntilShedding(t, policy, timers, took, 2)
 	if policy.stallWait != 240*time.Millisecond {
 		t.Fatalf("shedding recorded stall wait %v", policy.stallWait)
+	}
+}
+
+func TestBusyThroughputCountsOnlyTicksWithEverySlotTaken(t *testing.T) {
+	var b busyThroughput
+	if _, ok := b.perSecond(); ok {
+		t.Fatal("a rate before any tick")
+	}
+	// Quiet ticks, then the tick in which a queue forms: neither says what
+	// pgtender can do while busy.
+	b.observe(500, false)
+	b.observe(20, true)
+	if rate, ok := b.perSecond(); ok {
+		t.Fatalf("rate %v from the tick a queue formed in", rate)
+	}
+	b.observe(300, true) // busy from start to end
+	b.observe(500, true)
+	rate, ok := b.perSecond()
+	if want := 400 / queueSizerTick.Seconds(); !ok || rate != want {
+		t.Fatalf("rate %v (ok %v), want %v", rate, ok, want)
+	}
+	// A lull ends the busy spell: the tick after it is not counted either.
+	b.observe(0, false)
+	b.observe(7, true)
+	b.observe(100, true)
+	if rate, want := must(b.perSecond()), 300/queueSizerTick.Seconds(); rate != want {
+		t.Fatalf("rate %v after a lull, want %v", rate, want)
+	}
+	// Busy ticks leave the window after queueSizerWindow ticks.
+	for range queueSizerWindow {
+		b.observe(0, false)
+	}
+	if rate, ok := b.perSecond(); ok {
+		t.Fatalf("rate %v after a quiet window", rate)
+	}
+}
+
+func must(rate float64, ok bool) float64 {
+	if !ok {
+		panic("no rate")
+	}
+	return rate
+}
+
+func TestQueueSizingWaitsUntilTheQueueIsLate(t *testing.T) {
+	const lateAfter = 750 * time.Millisecond
+	q := newQueueSizing()
+	tick := func(ended uint64, waited bool, longest time.Duration) (float64, bool) {
+		return q.observe(ended, waited, longest, lateAfter)
+	}
+	if _, sized := tick(400, false, 0); sized {
+		t.Fatal("sized without a standing queue")
+	}
+	// A closed loop: logins wait for slots every tick, but the queue is
+	// served well within the target.
+	for range 3 * queueSizerWindow {
+		if _, sized := tick(450, true, 700*time.Millisecond); sized {
+			t.Fatal("sized a queue served on time")
+		}
+	}
+	// A connection waited past lateAfter: the queue is sized by the busy rate.
+	rate, sized := tick(450, true, 800*time.Millisecond)
+	if want := 450 / queueSizerTick.Seconds(); !sized || rate != want {
+		t.Fatalf("late queue: rate %v sized %v, want %v true", rate, sized, want)
+	}
+	// It stays sized while the queue stands, though waits fall (the queue
+	// was cut) and busy ticks come and go.
+	for range 3 * queueSizerWindow {
+		tick(0, false, 0)
+		if rate, sized := tick(100, true, 10*time.Millisecond); !sized || rate <= 0 {
+			t.Fatalf("unsized in a standing queue: rate %v sized %v", rate, sized)
+		}
+	}
+	// A quiet second clears it; the next queue must be late again.
+	for range queueSizerWindow {
+		tick(0, false, 0)
+	}
+	if _, sized := tick(450, true, 800*time.Millisecond); sized {
+		t.Fatal("sized before a busy tick was measured")
+	}
+	if _, sized := tick(450, true, 100*time.Millisecond); !sized {
+		t.Fatal("not sized once late and measured")
+	}
+	for range queueSizerWindow {
+		tick(0, false, 0)
+	}
+	if _, sized := tick(450, true, 0); sized {
+		t.Fatal("a new queue inherited the old one's lateness")
+	}
+	if _, sized := tick(450, true, 0); sized {
+		t.Fatal("a new queue inherited the old one's lateness")
 	}
 }

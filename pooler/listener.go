@@ -177,6 +177,9 @@ func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
 		maxAge := general.LoginQueueMaxAge.Duration()
 		if maxAge > 0 {
 			age, ageKnown = acceptQueueAge(conn)
+			if ageKnown {
+				p.loginSlots.noteQueueWait(age)
+			}
 		}
 		switch admission.afterAccept(haveSlot, age, ageKnown, maxAge) {
 		case shedNoSlot:

@@ -21,6 +21,8 @@
 #                         the peers alternating, and the table prints medians
 #   PEERS ["pgtender pgbouncer"] which poolers to measure
 #   PGT_GENERAL [""]      extra lines for pgtender's [general] (e.g. admission settings)
+#   PGTENDER_BIN [bin/pgtender, built from the tree] the pgtender binary to
+#                         measure (to compare builds: run once per binary)
 #   GEN_QUOTA_PCT [""]    if set, the load generator runs in a cgroup of its own
 #                         with this quota: a client population short of CPU,
 #                         whose logins pause for most of each CFS period
@@ -40,6 +42,7 @@ PGT_PORT=6432 PGB_PORT=6433 METRICS_PORT=9930
 PERIOD_US=100000
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PGTENDER_BIN=${PGTENDER_BIN:-$repo/bin/pgtender}
 cd "$repo"
 say() { printf 'bench-wave: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -222,7 +225,7 @@ start_peer() {
   stop_peer
   if [[ $name == pgtender ]]; then
     write_pgtender_cfg "$backlog"
-    bash -c "echo \$\$ >'$CG_PGT/cgroup.procs'; ulimit -n \$(ulimit -Hn); exec '$repo/bin/pgtender' --config '$cfg/pgdog.toml' --users '$cfg/users.toml'" \
+    bash -c "echo \$\$ >'$CG_PGT/cgroup.procs'; ulimit -n \$(ulimit -Hn); exec '$PGTENDER_BIN' --config '$cfg/pgdog.toml' --users '$cfg/users.toml'" \
       >>"$out/pgtender.log" 2>&1 &
     peer_pid=$!
     wait_port "$PGT_PORT" || { tail -n 20 "$out/pgtender.log" >&2; die "pgtender did not listen on $PGT_PORT"; }
@@ -270,6 +273,7 @@ dur_s=${DURATION%s}
 dl_s=${DEADLINE%s}
 {
   echo "commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (dirty work tree)')"
+  echo "pgtender binary $PGTENDER_BIN"
   echo "date $(date -u +%FT%TZ)  trials $REPEAT  cgroup $cg_mode  quota ${QUOTA_PCT}% of one CPU  pool $POOL_SIZE"
   [[ -n $PGT_GENERAL ]] && echo "pgtender [general] extra: $PGT_GENERAL"
   [[ -n $CG_GEN ]] && echo "load generator capped at ${GEN_QUOTA_PCT}% of one CPU"
