@@ -74,6 +74,8 @@ func referencedMetrics() []string {
 		"pgtender_total_server_connections",
 		"pgtender_checkout_wait_seconds", // histogram
 		"pgtender_clients",
+		// Postgres servers, label server.
+		"pgtender_server_reachable",
 	}
 }
 

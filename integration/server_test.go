@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestServerConnectionDies terminates the backend linked to a client in the
@@ -38,17 +40,24 @@ func TestServerConnectionDies(t *testing.T) {
 	// An idle server connection that dies is noticed before it is handed
 	// out: the client never sees the failure.
 	idlePID := backendPID(t, ctx, next)
-	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", idlePID); err != nil {
+	terminateAndWait(t, ctx, admin, idlePID)
+	if got := backendPID(t, ctx, next); got == idlePID {
+		t.Fatalf("served by the terminated idle backend %d", idlePID)
+	}
+}
+
+// terminateAndWait terminates the backend pid, through admin (a superuser
+// connection to its Postgres), and waits until it has exited.
+func terminateAndWait(t testing.TB, ctx context.Context, admin *pgx.Conn, pid int32) {
+	t.Helper()
+	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "the backend to exit", func() bool {
 		var n int
-		_ = admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", idlePID).Scan(&n)
+		_ = admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n)
 		return n == 0
 	})
-	if got := backendPID(t, ctx, next); got == idlePID {
-		t.Fatalf("served by the terminated idle backend %d", idlePID)
-	}
 }
 
 // TestListenBacklog checks that every worker's socket carries the configured

@@ -431,3 +431,36 @@ func TestTLSVerifyModes(t *testing.T) {
 		})
 	}
 }
+
+// An idle server connection over TLS that Postgres ended is noticed at
+// checkout, as a plain one is (TestServerConnectionDies): the socket under
+// the TLS layer shows the close, and the client never sees the failure.
+func TestTLSIdleServerConnectionThatDiedIsNotHandedOut(t *testing.T) {
+	server := sslPostgres(t)
+	tp := startPooler(t, poolerOptions{server: server, pool: "pool_size = 1",
+		general: "tls_verify = \"prefer\"\nauth_type = \"scram\"", users: scramUser})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := tp.connectAs(ctx, appUser, appPassword, appDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var pid int32
+	var ssl bool
+	if err := conn.QueryRow(ctx, "SELECT pid, ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").Scan(&pid, &ssl); err != nil {
+		t.Fatal(err)
+	}
+	if !ssl {
+		t.Fatal("the server connection does not use TLS")
+	}
+	admin, err := pgx.Connect(ctx, server.ConnString(server.SuperUser, server.SuperPassword, appDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	terminateAndWait(t, ctx, admin, pid)
+	if got := backendPID(t, ctx, conn); got == pid {
+		t.Fatalf("served by the terminated backend %d", pid)
+	}
+}

@@ -17,6 +17,7 @@ type Source interface {
 	ListenSockets() []pooler.ListenSocket
 	PassthroughVerifications() pooler.PassthroughVerifications
 	CancelRequests() pooler.CancelRequests
+	ServerTargets() []pooler.ServerTarget
 }
 
 var _ Source = (*pooler.Pooler)(nil)
@@ -47,6 +48,8 @@ type Collector struct {
 	clients       *prometheus.Desc
 	verifications *prometheus.Desc
 	cancels       *prometheus.Desc
+
+	serverReachable, serverConnects *prometheus.Desc
 
 	queueLength, queueCapacity *prometheus.Desc
 	overflows, drops           *prometheus.Desc
@@ -134,6 +137,16 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 				"or dropped because the key named no live client (unknown_key).",
 			[]string{"result"}, nil),
 
+		serverReachable: prometheus.NewDesc(namespace+"server_reachable",
+			"1 while the Postgres server at this address answers pgtender's connects, 0 while it is down: new server connections to it then fail at once "+
+				"and one probe at a time, with backoff, checks whether it is back.",
+			[]string{"server"}, nil),
+		serverConnects: prometheus.NewDesc(namespace+"server_connects_total",
+			"Server connections pgtender tried to open, by how they ended: opened (ok), answered and refused (refused: credentials, database, TLS), "+
+				"no answer or Postgres not accepting connections now (unreachable), not run to its end (abandoned: shutdown, or no connect slot within the caller's wait), "+
+				"or failed at once without a connect because the server was down (not_attempted).",
+			[]string{"server", "result"}, nil),
+
 		queueLength: prometheus.NewDesc(namespace+"listen_queue_length",
 			"Connections in a listening socket's accept queue: handshake completed, not yet accepted by pgtender (TCP_INFO tcpi_unacked). "+
 				"The kernel queues one more than the capacity before it overflows.",
@@ -162,6 +175,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.clients
 	ch <- c.verifications
 	ch <- c.cancels
+	ch <- c.serverReachable
+	ch <- c.serverConnects
 	ch <- c.queueLength
 	ch <- c.queueCapacity
 	ch <- c.overflows
@@ -174,6 +189,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.collectPools(ch)
 	c.collectVerifications(ch)
 	c.collectCancels(ch)
+	c.collectServers(ch)
 	c.collectListenQueues(ch)
 	c.collectNetstat(ch)
 }
@@ -188,6 +204,20 @@ func (c *Collector) collectCancels(ch chan<- prometheus.Metric) {
 	v := c.source.CancelRequests()
 	collectResults(ch, c.cancels, []resultCount{{"forwarded", v.Forwarded}, {"no_server", v.NoServer},
 		{"error", v.Error}, {"unknown_key", v.UnknownKey}})
+}
+
+func (c *Collector) collectServers(ch chan<- prometheus.Metric) {
+	for _, target := range c.source.ServerTargets() {
+		reachable := 0.0
+		if target.Reachable {
+			reachable = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.serverReachable, prometheus.GaugeValue, reachable, target.Address)
+		for _, r := range []resultCount{{"ok", target.OK}, {"refused", target.Refused}, {"unreachable", target.Unreachable},
+			{"abandoned", target.Abandoned}, {"not_attempted", target.NotAttempted}} {
+			ch <- prometheus.MustNewConstMetric(c.serverConnects, prometheus.CounterValue, float64(r.n), target.Address, r.result)
+		}
+	}
 }
 
 // resultCount is one series of a counter labelled result.

@@ -25,6 +25,13 @@ type fakeSource struct {
 	sockets       []pooler.ListenSocket
 	verifications pooler.PassthroughVerifications
 	cancels       pooler.CancelRequests
+	targets       []pooler.ServerTarget
+}
+
+func (f *fakeSource) ServerTargets() []pooler.ServerTarget {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]pooler.ServerTarget(nil), f.targets...)
 }
 
 func (f *fakeSource) PoolStats() []pooler.PoolStats {
@@ -197,6 +204,41 @@ func TestCollectorResultCounters(t *testing.T) {
 		for result, want := range results {
 			if v := value(t, families, name, labels("result", result)); v != want {
 				t.Errorf("%s{result=%s} = %v, want %v", name, result, v, want)
+			}
+		}
+	}
+}
+
+// TestCollectorServerTargets checks that each server pgtender connects to
+// has its reachability gauge and every result of its connect counter.
+func TestCollectorServerTargets(t *testing.T) {
+	source := &fakeSource{targets: []pooler.ServerTarget{
+		{Address: "10.0.0.1:5432", Reachable: true, OK: 20, Refused: 1},
+		{Address: "10.0.0.2:5432", Unreachable: 9, NotAttempted: 4000, Abandoned: 2},
+	}}
+	collector := NewCollector("pgtender_", source, nil)
+	collector.netstatPath = "/nonexistent"
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collector)
+	families := scrapeFamilies(t, registry)
+	if typ := typeOf(t, families, "pgtender_server_reachable"); typ != dto.MetricType_GAUGE {
+		t.Errorf("server_reachable is a %s, want a gauge", typ)
+	}
+	if typ := typeOf(t, families, "pgtender_server_connects_total"); typ != dto.MetricType_COUNTER {
+		t.Errorf("server_connects_total is a %s, want a counter", typ)
+	}
+	for server, want := range map[string]float64{"10.0.0.1:5432": 1, "10.0.0.2:5432": 0} {
+		if v := value(t, families, "pgtender_server_reachable", labels("server", server)); v != want {
+			t.Errorf("server_reachable{server=%s} = %v, want %v", server, v, want)
+		}
+	}
+	for server, results := range map[string]map[string]float64{
+		"10.0.0.1:5432": {"ok": 20, "refused": 1, "unreachable": 0, "abandoned": 0, "not_attempted": 0},
+		"10.0.0.2:5432": {"ok": 0, "refused": 0, "unreachable": 9, "abandoned": 2, "not_attempted": 4000},
+	} {
+		for result, want := range results {
+			if v := value(t, families, "pgtender_server_connects_total", labels("server", server, "result", result)); v != want {
+				t.Errorf("server_connects_total{server=%s,result=%s} = %v, want %v", server, result, v, want)
 			}
 		}
 	}

@@ -22,15 +22,17 @@ var (
 
 // SQLSTATE codes pgtender sends itself.
 const (
-	sqlstateProtocolViolation    = "08P01"
-	sqlstateConnectionFailure    = "08006"
-	sqlstateInvalidPassword      = "28P01"
-	sqlstateInvalidAuthorization = "28000"
-	sqlstateInvalidCatalogName   = "3D000"
-	sqlstateTooManyConnections   = "53300"
-	sqlstateAdminShutdown        = "57P01"
-	sqlstateCannotConnectNow     = "57P03"
-	sqlstateFeatureNotSupported  = "0A000"
+	sqlstateProtocolViolation     = "08P01"
+	sqlstateConnectionFailure     = "08006"
+	sqlstateInvalidPassword       = "28P01"
+	sqlstateInvalidAuthorization  = "28000"
+	sqlstateInvalidCatalogName    = "3D000"
+	sqlstateInsufficientPrivilege = "42501"
+	sqlstateTooManyConnections    = "53300"
+	sqlstateAdminShutdown         = "57P01"
+	sqlstateCrashShutdown         = "57P02"
+	sqlstateCannotConnectNow      = "57P03"
+	sqlstateFeatureNotSupported   = "0A000"
 	// Postgres's own, for startup settings it refused.
 	sqlstateSyntaxError            = "42601"
 	sqlstateCantChangeRuntimeParam = "55P02"

@@ -491,13 +491,13 @@ func TestOpenServerConnSaysWhetherThePasswordWasSent(t *testing.T) {
 			conn.Close()
 		}
 	}()
-	_, err = openServerConn(context.Background(), endpoint, nil)
+	_, _, err = openServerConn(context.Background(), endpoint, nil, false)
 	<-accepted
 	if err == nil || errors.Is(err, auth.ErrPasswordNotSent) {
 		t.Fatalf("connection accepted, then closed: %v, want an error not wrapping ErrPasswordNotSent", err)
 	}
 	ln.Close()
-	_, err = openServerConn(context.Background(), endpoint, nil)
+	_, _, err = openServerConn(context.Background(), endpoint, nil, false)
 	if !errors.Is(err, auth.ErrPasswordNotSent) {
 		t.Fatalf("dial refused: %v, want it to wrap ErrPasswordNotSent", err)
 	}

@@ -3,12 +3,14 @@ package pooler
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,6 +54,19 @@ type fakePG struct {
 	probeCancels int
 	probeGate    string
 	probeReports map[string]string
+	// startupRefusal, when set, is the SQLSTATE every StartupMessage is
+	// answered with, as FATAL (refuseStartups): Postgres starting up says
+	// 57P03.
+	startupRefusal string
+	// breakTLS makes an SSLRequest get 'S' and then a close, a TLS
+	// attempt that fails for another reason than a refusal (breakTLSAttempts).
+	breakTLS bool
+	// silent makes new connections get no answer at all, a server that
+	// accepts and then hangs (answerNothing).
+	silent bool
+	// accepts counts the TCP connections accepted, CancelRequests and
+	// TLS refusals included: each dial of the pooler's.
+	accepts atomic.Int64
 }
 
 // fakeCancel is a CancelRequest the fake acted on.
@@ -108,6 +123,8 @@ func newFakePG(t testing.TB, password string) *fakePG {
 }
 
 func (f *fakePG) hostPort() (string, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	addr := f.ln.Addr().(*net.TCPAddr)
 	return addr.IP.String(), addr.Port
 }
@@ -121,8 +138,9 @@ func (f *fakePG) close() {
 	f.closed = true
 	close(f.done)
 	conns := append([]*fakeConn(nil), f.conns...)
+	ln := f.ln
 	f.mu.Unlock()
-	f.ln.Close()
+	ln.Close()
 	for _, c := range conns {
 		c.nc.Close()
 	}
@@ -131,14 +149,74 @@ func (f *fakePG) close() {
 
 func (f *fakePG) acceptLoop() {
 	defer f.wg.Done()
+	f.mu.Lock()
+	ln := f.ln
+	f.mu.Unlock()
 	for {
-		nc, err := f.ln.Accept()
+		nc, err := ln.Accept()
 		if err != nil {
 			return
 		}
+		f.accepts.Add(1)
 		f.wg.Add(1)
 		go f.serve(nc)
 	}
+}
+
+// stopListening closes the listener and every connection, as a stopped
+// Postgres would: connects to its address are refused until listenAgain.
+func (f *fakePG) stopListening() {
+	f.mu.Lock()
+	ln := f.ln
+	conns := append([]*fakeConn(nil), f.conns...)
+	f.mu.Unlock()
+	ln.Close()
+	for _, c := range conns {
+		c.nc.Close()
+	}
+}
+
+// listenAgain listens on the address stopListening gave up.
+func (f *fakePG) listenAgain() {
+	f.t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return
+	}
+	ln, err := net.Listen("tcp", f.ln.Addr().String())
+	if err != nil {
+		f.t.Fatalf("fake postgres: listen again: %v", err)
+	}
+	f.ln = ln
+	f.wg.Add(1)
+	go f.acceptLoop()
+}
+
+// refuseStartups makes every StartupMessage from now on get a FATAL error
+// with code ("" to accept them again).
+func (f *fakePG) refuseStartups(code string) {
+	f.mu.Lock()
+	f.startupRefusal = code
+	f.mu.Unlock()
+}
+
+// breakTLSAttempts makes every SSLRequest from now on get 'S' and then a
+// close (false: 'N' again).
+func (f *fakePG) breakTLSAttempts(broken bool) {
+	f.mu.Lock()
+	f.breakTLS = broken
+	f.mu.Unlock()
+}
+
+// answerNothing makes connections accepted from now on get no answer, as
+// from a Postgres that is frozen or behind a path that drops its replies
+// (false: answer again). Such a connection is read until the pooler gives
+// up on it, or for at most ten seconds.
+func (f *fakePG) answerNothing(silent bool) {
+	f.mu.Lock()
+	f.silent = silent
+	f.mu.Unlock()
 }
 
 // gate returns the channel a GATE or HOLD statement waits on.
@@ -352,6 +430,14 @@ func (c *fakeConn) setTx(status byte) {
 func (f *fakePG) serve(nc net.Conn) {
 	defer f.wg.Done()
 	defer nc.Close()
+	f.mu.Lock()
+	silent := f.silent
+	f.mu.Unlock()
+	if silent {
+		_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.Copy(io.Discard, nc)
+		return
+	}
 	be := pgproto3.NewBackend(nc, nc)
 	var startup *pgproto3.StartupMessage
 	for startup == nil {
@@ -361,6 +447,13 @@ func (f *fakePG) serve(nc net.Conn) {
 		}
 		switch msg := msg.(type) {
 		case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
+			f.mu.Lock()
+			broken := f.breakTLS
+			f.mu.Unlock()
+			if broken {
+				_, _ = nc.Write([]byte{'S'})
+				return
+			}
 			if _, err := nc.Write([]byte{'N'}); err != nil {
 				return
 			}
@@ -376,6 +469,13 @@ func (f *fakePG) serve(nc net.Conn) {
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
+		return
+	}
+	if code := f.startupRefusal; code != "" {
+		f.mu.Unlock()
+		be.Send(&pgproto3.ErrorResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: code,
+			Message: "the database system is starting up"})
+		_ = be.Flush()
 		return
 	}
 	f.nextPID++

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,10 @@ type Pooler struct {
 
 	poolsMu sync.Mutex
 	pools   map[poolKey]*Pool
+
+	targetsMu sync.Mutex
+	targets   map[string]*serverTarget // by host:port (target.go)
+	connects  sync.WaitGroup           // server connects running (openServer); waited for at shutdown
 
 	healthMu       sync.Mutex // guards databaseHealth
 	databaseHealth map[string]*databaseHealth
@@ -105,6 +110,7 @@ func New(cfg *config.Config, log *zap.Logger, recorder LoginRecorder) (*Pooler, 
 		pools:          make(map[poolKey]*Pool),
 		sessions:       make(map[uint32]*session),
 		databaseHealth: make(map[string]*databaseHealth),
+		targets:        make(map[string]*serverTarget),
 		connectSlots:   make(chan struct{}, maxConcurrentServerConnects),
 		done:           make(chan struct{}),
 		// At most about one line a second.
@@ -246,6 +252,7 @@ wait:
 	}
 	p.wg.Wait()
 	p.registry.Close() // ends background re-verifications
+	p.connects.Wait()  // shutdown canceled p.ctx, which ends them
 	p.poolsMu.Lock()
 	for key, pool := range p.pools {
 		pool.close()
@@ -333,6 +340,7 @@ func (p *Pooler) newPool(state *runtimeState, key poolKey) (*Pool, bool) {
 	}
 	passthrough := state.cfg.General.PassthroughAuth.Enabled()
 	registryKey := auth.Key{User: key.user, Database: key.database}
+	var pool *Pool // the pool being built: it probes its server while it is down
 	connect := func(ctx context.Context) (*ServerConn, error) {
 		e := endpoint
 		if passthrough {
@@ -342,7 +350,7 @@ func (p *Pooler) newPool(state *runtimeState, key poolKey) (*Pool, bool) {
 			}
 			e.password = password
 		}
-		sc, err := p.openServer(ctx, e)
+		sc, err := p.openServer(ctx, e, pool)
 		if passthrough && errors.Is(err, auth.ErrRejected) {
 			// Postgres no longer accepts the stored password: drop it, so
 			// refills fail locally ("no verified password") until a client
@@ -351,7 +359,7 @@ func (p *Pooler) newPool(state *runtimeState, key poolKey) (*Pool, bool) {
 		}
 		return sc, err
 	}
-	pool := newPool(key, settings, connect)
+	pool = newPool(key, settings, connect)
 	pool.endpoint = endpoint
 	return pool, true
 }
@@ -395,15 +403,113 @@ func poolConfig(cfg *config.Config, key poolKey) (serverEndpoint, poolSettings, 
 }
 
 // openServer opens one server connection, waiting for one of the
-// maxConcurrentServerConnects slots first.
-func (p *Pooler) openServer(ctx context.Context, endpoint serverEndpoint) (*ServerConn, error) {
+// maxConcurrentServerConnects slots first. While the server is down it
+// fails at once, unless this connect is the probe (serverTarget.admit).
+// owner is the pool the connection is for (nil: a passthrough check, whose
+// password is not known to be right); when the server is found down, the
+// pool is what the maintenance loop probes it with while no client asks.
+//
+// The connect is bounded by connect_timeout and by shutdown, not by ctx: a
+// caller that gives up first (a checkout deadline, which by default equals
+// connect_timeout and started earlier, usually does) leaves it running, so
+// that what it finds out is learned (a server that never answered is
+// marked down, not forgotten as abandoned) and a connection it opens goes
+// to owner, for the next client. PgBouncer's server connects do not belong
+// to a client either (objects.c, launch_new_connection).
+func (p *Pooler) openServer(ctx context.Context, endpoint serverEndpoint, owner *Pool) (*ServerConn, error) {
+	target := p.target(endpoint.host, endpoint.port)
+	probe, err := target.admit(time.Now())
+	if err != nil {
+		return nil, err
+	}
 	select {
 	case p.connectSlots <- struct{}{}:
 	case <-ctx.Done():
+		target.record(time.Now(), probe, connectAbandoned, "", nil)
 		return nil, fmt.Errorf("%w: waiting for a connect slot: %w", auth.ErrPasswordNotSent, ctx.Err())
 	}
-	defer func() { <-p.connectSlots }()
-	return openServerConn(ctx, endpoint, p.state.Load().serverCAs)
+	attempt := &serverConnect{done: make(chan struct{})}
+	p.connects.Add(1)
+	go p.runServerConnect(attempt, target, probe, endpoint, owner)
+	select {
+	case <-attempt.done:
+	case <-ctx.Done():
+		if attempt.state.CompareAndSwap(connectPending, connectLeft) {
+			return nil, fmt.Errorf("gave up waiting for the server connect, which goes on for the pool: %w", ctx.Err())
+		}
+		<-attempt.done // it ended just now
+	}
+	return attempt.sc, attempt.err
+}
+
+// serverConnect is one connect running for openServer. Whichever of the
+// connect (ending) and its caller (giving up) moves state from
+// connectPending first decides who has the connection: the caller, or the
+// connect itself, which then gives it to the pool.
+type serverConnect struct {
+	state atomic.Uint32
+	done  chan struct{} // closed once sc and err are set, if the caller stayed
+	sc    *ServerConn
+	err   error
+}
+
+const (
+	connectPending uint32 = iota
+	connectDelivered
+	connectLeft
+)
+
+// runServerConnect runs attempt, then hands its result to the caller, or
+// when the caller has left, its connection to owner (closed when owner is
+// nil).
+func (p *Pooler) runServerConnect(attempt *serverConnect, target *serverTarget, probe bool, endpoint serverEndpoint, owner *Pool) {
+	defer p.connects.Done()
+	sc, err := p.connectTarget(target, probe, endpoint, owner)
+	<-p.connectSlots
+	attempt.sc, attempt.err = sc, err
+	if attempt.state.CompareAndSwap(connectPending, connectDelivered) {
+		close(attempt.done)
+		return
+	}
+	if sc == nil {
+		return
+	}
+	if owner != nil {
+		owner.Add(sc)
+		return
+	}
+	sc.close()
+}
+
+// connectTarget opens a connection to target and records what the attempt
+// showed about it. A panic ends only this attempt, like a panic in a
+// session: it is logged, the probe (if this was one) is released, and the
+// caller gets an error.
+func (p *Pooler) connectTarget(target *serverTarget, probe bool, endpoint serverEndpoint, owner *Pool) (sc *ServerConn, err error) {
+	recorded := false
+	defer func() {
+		if r := recover(); r != nil {
+			p.log.Error("panic opening a server connection", zap.String("server", target.address),
+				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+			if !recorded {
+				target.record(time.Now(), probe, connectAbandoned, "", nil)
+			}
+			sc, err = nil, fmt.Errorf("internal error in pgtender opening a server connection to %s", target.address)
+		}
+	}()
+	prefer := endpoint.tlsVerify == config.TLSVerifyPrefer
+	sc, refusedTLS, err := openServerConn(p.ctx, endpoint, p.state.Load().serverCAs, prefer && target.plaintextOnly(time.Now()))
+	outcome, code := classifyConnect(err, p.ctx.Err() != nil)
+	if outcome == connectUnreachable && owner != nil {
+		target.probeWith(owner)
+	}
+	transition := target.record(time.Now(), probe, outcome, code, err)
+	recorded = true
+	if refusedTLS && outcome != connectUnreachable {
+		target.rememberPlaintext(time.Now())
+	}
+	p.logTransition(target, transition, err)
+	return sc, err
 }
 
 // verifyPassthrough is the registry's VerifyFunc: it proves a password by
@@ -415,7 +521,7 @@ func (p *Pooler) verifyPassthrough(ctx context.Context, key auth.Key, password s
 		return fmt.Errorf("%w: database %q is not configured", auth.ErrPasswordNotSent, key.Database)
 	}
 	endpoint.password = password
-	sc, err := p.openServer(ctx, endpoint)
+	sc, err := p.openServer(ctx, endpoint, nil)
 	if err != nil {
 		return err
 	}
@@ -451,6 +557,7 @@ func (p *Pooler) maintenanceLoop() {
 					go p.growPool(pool)
 				}
 			}
+			p.probeDownServers(now)
 		}
 	}
 }
@@ -460,9 +567,15 @@ func (p *Pooler) maintenanceLoop() {
 // loop.
 func (p *Pooler) growPool(pool *Pool) {
 	defer p.wg.Done()
-	ctx, cancel := context.WithTimeout(p.ctx, p.state.Load().cfg.General.ConnectTimeout.Duration())
-	defer cancel()
-	err := pool.grow(ctx)
+	err := pool.grow(p.ctx) // the connect is bounded by connect_timeout (openServer)
+	if _, down := errors.AsType[*serverDownError](err); down || serverUnreachable(err) {
+		// The server is down (this grow found it so, or it was not
+		// attempted): its target's probes back off, not the pool, which
+		// is topped up at the next tick after the server is back. The
+		// target logs the outage once.
+		pool.growDone(time.Now(), nil)
+		return
+	}
 	pool.growDone(time.Now(), err)
 	if err != nil && !p.draining.Load() {
 		p.log.Warn("could not open a server connection for min_pool_size",

@@ -2,6 +2,7 @@ package pooler
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -114,12 +115,18 @@ func copyFailedByClient(body []byte) bool {
 // verify_ca and verify_full (nil: the system's roots). An error that means
 // Postgres refused the credentials wraps auth.ErrRejected; one from before
 // any connection to Postgres was made (so the password was not sent) wraps
-// auth.ErrPasswordNotSent.
-func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.CertPool) (*ServerConn, error) {
+// auth.ErrPasswordNotSent. plaintextOnly, under tls_verify = "prefer", skips
+// the TLS attempt: the server refused TLS before (serverTarget). refusedTLS
+// reports that the server answered this connect's SSLRequest with 'N'.
+func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.CertPool, plaintextOnly bool) (sc *ServerConn, refusedTLS bool, err error) {
 	sslmode := "prefer"
 	switch endpoint.tlsVerify {
 	case config.TLSVerifyDisabled:
 		sslmode = "disable"
+	case config.TLSVerifyPrefer:
+		if plaintextOnly {
+			sslmode = "disable"
+		}
 	case config.TLSVerifyVerifyCA:
 		sslmode = "verify-ca"
 	case config.TLSVerifyVerifyFull:
@@ -132,7 +139,7 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.Ce
 	connConfig, err := pgconn.ParseConfig(fmt.Sprintf("host=%s port=%d sslmode=%s sslrootcert='' sslcert='' sslkey=''",
 		quoteConnValue(endpoint.host), endpoint.port, sslmode))
 	if err != nil {
-		return nil, fmt.Errorf("server connection settings: %w", err)
+		return nil, false, fmt.Errorf("server connection settings: %w", err)
 	}
 	if roots != nil && (sslmode == "verify-ca" || sslmode == "verify-full") {
 		// pgconn checks the chain against RootCAs, and under verify-ca
@@ -169,29 +176,41 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.Ce
 		ctx, cancel = context.WithTimeout(ctx, endpoint.connectTimeout)
 		defer cancel()
 	}
+	// Under prefer, pgconn would make the TLS attempt and its plaintext
+	// fallback in one call. pgtender makes them one at a time, to see why
+	// the TLS attempt failed: only a refused SSLRequest may be remembered.
+	prefer := sslmode == "prefer"
+	if prefer {
+		connConfig.Fallbacks = nil
+	}
 	pgConn, err := pgconn.ConnectConfig(ctx, connConfig)
+	if err != nil && prefer && preferFallsBack(ctx, err) {
+		refusedTLS = tlsRefused(err)
+		connConfig.TLSConfig = nil
+		pgConn, err = pgconn.ConnectConfig(ctx, connConfig)
+	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && (pgErr.Code == sqlstateInvalidPassword || pgErr.Code == sqlstateInvalidAuthorization) {
-			return nil, fmt.Errorf("%w: %s", auth.ErrRejected, pgErr.Message)
+			return nil, refusedTLS, fmt.Errorf("%w: %s", auth.ErrRejected, pgErr.Message)
 		}
 		err = fmt.Errorf("connect to %s:%d: %w%s", endpoint.host, endpoint.port, err, tlsVerifyHint(err, endpoint.host))
 		if !dialed.Load() {
 			err = fmt.Errorf("%w (%w)", err, auth.ErrPasswordNotSent)
 		}
-		return nil, err
+		return nil, refusedTLS, err
 	}
 	if err := pgConn.SyncConn(ctx); err != nil {
 		pgConn.Close(context.Background())
-		return nil, fmt.Errorf("sync new server connection: %w", err)
+		return nil, refusedTLS, fmt.Errorf("sync new server connection: %w", err)
 	}
 	hijacked, err := pgConn.Hijack()
 	if err != nil {
 		pgConn.Close(context.Background())
-		return nil, fmt.Errorf("take over server connection: %w", err)
+		return nil, refusedTLS, fmt.Errorf("take over server connection: %w", err)
 	}
 	now := time.Now()
-	sc := &ServerConn{
+	sc = &ServerConn{
 		conn:      hijacked.Conn,
 		buf:       make([]byte, serverReadBufferLen),
 		processID: hijacked.PID,
@@ -203,7 +222,33 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.Ce
 	}
 	sc.scanner.Inspect = inspectServerMessage
 	sc.unnamedOp = statementOp{server: sc, unnamed: true}
-	return sc, nil
+	return sc, refusedTLS, nil
+}
+
+// preferFallsBack reports whether a failed TLS attempt under sslmode
+// "prefer" is followed by a plaintext one. As in pgconn's connectPreferred
+// (pgconn.go), a wrong password, an unknown database or a missing CONNECT
+// privilege is final: it would be the same answer in plaintext, and the
+// password would be sent twice. So is a context that ended.
+func preferFallsBack(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		switch pgErr.Code {
+		case sqlstateInvalidPassword, sqlstateInvalidCatalogName, sqlstateInsufficientPrivilege:
+			return false
+		}
+	}
+	return true
+}
+
+// tlsRefused reports whether a connect failed because Postgres answered its
+// SSLRequest with 'N'. pgconn reports that answer only as text (startTLS,
+// pgconn.go); TestPreferDialsOnceAfterTheServerRefusedTLS notices if the
+// text changes.
+func tlsRefused(err error) bool {
+	return strings.Contains(err.Error(), "server refused TLS connection")
 }
 
 // tlsVerifyHint says what to change when err is a failed check of
@@ -237,6 +282,12 @@ func (sc *ServerConn) atBoundary() bool {
 	return sc.carried == 0 && sc.skip == 0 && sc.scanner.AtBoundary()
 }
 
+// overTLS reports whether the connection to Postgres is encrypted.
+func (sc *ServerConn) overTLS() bool {
+	_, ok := sc.conn.(*tls.Conn)
+	return ok
+}
+
 // close closes the network connection, telling Postgres goodbye first when
 // the connection is at a message boundary.
 func (sc *ServerConn) close() {
@@ -256,7 +307,7 @@ func (sc *ServerConn) idleAndAlive() bool {
 		sc.peeker = newSocketPeeker(sc.conn)
 	}
 	switch sc.peeker.look() {
-	case peekNothing, peekUnknown: // TLS: the first use will tell
+	case peekNothing, peekUnknown: // not a socket: the first use will tell
 		return true
 	}
 	return false
@@ -269,7 +320,7 @@ const (
 	peekNothing peekResult = iota // open, nothing to read
 	peekData                      // bytes are waiting
 	peekClosed                    // the peer closed or reset the connection
-	peekUnknown                   // not a socket pgtender can look into (TLS)
+	peekUnknown                   // not a socket pgtender can look into
 )
 
 // peekConn looks at conn's receive queue with one non-blocking
@@ -290,10 +341,15 @@ type socketPeeker struct {
 }
 
 // newSocketPeeker returns a peeker for conn, which sees nothing but
-// peekUnknown unless conn is a socket (TLS is not: its records hide what
-// is plaintext).
+// peekUnknown unless conn is a socket. A TLS connection is looked at
+// through the socket under it: its records hide what the bytes are, but
+// not that some arrived (on an idle connection, a FATAL error or a close
+// alert) or that the peer closed.
 func newSocketPeeker(conn net.Conn) *socketPeeker {
 	p := &socketPeeker{}
+	if tlsConn, ok := conn.(*tls.Conn); ok {
+		conn = tlsConn.NetConn()
+	}
 	if sysConn, ok := conn.(syscall.Conn); ok {
 		if raw, err := sysConn.SyscallConn(); err == nil {
 			p.raw = raw

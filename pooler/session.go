@@ -596,6 +596,9 @@ func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
 			// logger samples under a storm. It never holds the password.
 			return s.passwordFailed(err)
 		default:
+			if down, ok := errors.AsType[*serverDownError](err); ok {
+				return fatalError(down.code, serverDownMessage(down.code, poolKey{user: s.user, database: s.database}), err)
+			}
 			return fatalError(sqlstateConnectionFailure, "could not verify the password with the database server", err)
 		}
 	}
@@ -677,6 +680,14 @@ func (s *session) checkoutContext(deadline time.Time) (context.Context, context.
 
 // checkoutError turns a failed Acquire into what the client sees.
 func (s *session) checkoutError(err error) *clientError {
+	if down, ok := errors.AsType[*serverDownError](err); ok {
+		return &clientError{severity: wire.SeverityError, code: down.code, message: serverDownMessage(down.code, s.pool.key), err: err}
+	}
+	if _, code := classifyConnect(err, false); code == sqlstateCannotConnectNow {
+		// Postgres said it cannot take connections now (starting up,
+		// shutting down): the client hears it with Postgres's code.
+		return &clientError{severity: wire.SeverityError, code: code, message: serverDownMessage(code, s.pool.key), err: err}
+	}
 	switch {
 	case errors.Is(err, ErrCheckoutTimeout), errors.Is(err, context.DeadlineExceeded):
 		return &clientError{severity: wire.SeverityError, code: sqlstateTooManyConnections,
