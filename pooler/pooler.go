@@ -49,7 +49,14 @@ type Pooler struct {
 
 	targetsMu sync.Mutex
 	targets   map[string]*serverTarget // by host:port (target.go)
-	connects  sync.WaitGroup           // server connects running (openServer); waited for at shutdown
+	// connects counts the server connects running (openServer), waited
+	// for at shutdown. A connect may start from a goroutine nothing else
+	// tracks (a passthrough verification's flight), so connectsMu orders
+	// each Add before Shutdown's Wait, after which connectsClosed refuses
+	// new ones.
+	connectsMu     sync.Mutex
+	connectsClosed bool
+	connects       sync.WaitGroup
 
 	healthMu       sync.Mutex // guards databaseHealth
 	databaseHealth map[string]*databaseHealth
@@ -252,7 +259,10 @@ wait:
 	}
 	p.wg.Wait()
 	p.registry.Close() // ends background re-verifications
-	p.connects.Wait()  // shutdown canceled p.ctx, which ends them
+	p.connectsMu.Lock()
+	p.connectsClosed = true
+	p.connectsMu.Unlock()
+	p.connects.Wait() // shutdown canceled p.ctx, which ends them
 	p.poolsMu.Lock()
 	for key, pool := range p.pools {
 		pool.close()
@@ -428,8 +438,16 @@ func (p *Pooler) openServer(ctx context.Context, endpoint serverEndpoint, owner 
 		target.record(time.Now(), probe, connectAbandoned, "", nil)
 		return nil, fmt.Errorf("%w: waiting for a connect slot: %w", auth.ErrPasswordNotSent, ctx.Err())
 	}
-	attempt := &serverConnect{done: make(chan struct{})}
+	p.connectsMu.Lock()
+	if p.connectsClosed {
+		p.connectsMu.Unlock()
+		<-p.connectSlots
+		target.record(time.Now(), probe, connectAbandoned, "", nil)
+		return nil, fmt.Errorf("%w: %w", auth.ErrPasswordNotSent, ErrServerClosed)
+	}
 	p.connects.Add(1)
+	p.connectsMu.Unlock()
+	attempt := &serverConnect{done: make(chan struct{})}
 	go p.runServerConnect(attempt, target, probe, endpoint, owner)
 	select {
 	case <-attempt.done:
