@@ -228,6 +228,13 @@ func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
 // open opens a connection for capacity already counted in total.
 func (p *Pool) open(ctx context.Context) (*ServerConn, error) {
 	sc, err := p.connect(ctx)
+	if errors.Is(err, errConnectGoesOn) {
+		// The connect keeps the capacity until it ends, then hands the
+		// connection to the pool (connectFinished) or gives the capacity
+		// back (connectFailed), so that a server that stalls never has
+		// more connects from this pool in flight than its size.
+		return nil, fmt.Errorf("%w: opening a server connection: %w", ErrCheckoutTimeout, err)
+	}
 	if err != nil {
 		p.mu.Lock()
 		p.total--
@@ -242,6 +249,40 @@ func (p *Pool) open(ctx context.Context) (*ServerConn, error) {
 	sc.pool = p
 	p.storeParams(sc)
 	return sc, nil
+}
+
+// connectFinished takes a connection whose connect outlived the caller
+// that counted its capacity (open).
+func (p *Pool) connectFinished(sc *ServerConn) {
+	p.stats.serverConnects.Add(1)
+	sc.pool = p
+	p.storeParams(sc)
+	p.Release(sc)
+}
+
+// connectFailed gives back the capacity of a connect that outlived its
+// caller and failed.
+func (p *Pool) connectFailed() {
+	p.mu.Lock()
+	p.total--
+	p.handOffCapacityLocked()
+	p.mu.Unlock()
+}
+
+// probe opens a connection to find out whether a down server is back
+// (Pooler.probeDownServers), with capacity counted like any other, and
+// puts it in the pool.
+func (p *Pool) probe(ctx context.Context) {
+	p.mu.Lock()
+	if p.closed || p.total >= p.settings.Load().size {
+		p.mu.Unlock()
+		return
+	}
+	p.total++
+	p.mu.Unlock()
+	if sc, err := p.open(ctx); err == nil {
+		p.Release(sc)
+	}
 }
 
 // handOffCapacityLocked gives freed capacity to the first waiter, who opens

@@ -453,12 +453,17 @@ func (p *Pooler) openServer(ctx context.Context, endpoint serverEndpoint, owner 
 	case <-attempt.done:
 	case <-ctx.Done():
 		if attempt.state.CompareAndSwap(connectPending, connectLeft) {
-			return nil, fmt.Errorf("gave up waiting for the server connect, which goes on for the pool: %w", ctx.Err())
+			return nil, fmt.Errorf("%w: %w", errConnectGoesOn, ctx.Err())
 		}
 		<-attempt.done // it ended just now
 	}
 	return attempt.sc, attempt.err
 }
+
+// errConnectGoesOn is what openServer returns to a caller that gave up
+// while its connect runs on. With an owner, the connect keeps the pool
+// capacity its caller counted (Pool.open) until it ends.
+var errConnectGoesOn = errors.New("gave up waiting for the server connect, which goes on for the pool")
 
 // serverConnect is one connect running for openServer. Whichever of the
 // connect (ending) and its caller (giving up) moves state from
@@ -478,8 +483,8 @@ const (
 )
 
 // runServerConnect runs attempt, then hands its result to the caller, or
-// when the caller has left, its connection to owner (closed when owner is
-// nil).
+// when the caller has left, its connection (or the capacity the caller
+// counted for it) to owner; without an owner, the connection is closed.
 func (p *Pooler) runServerConnect(attempt *serverConnect, target *serverTarget, probe bool, endpoint serverEndpoint, owner *Pool) {
 	defer p.connects.Done()
 	sc, err := p.connectTarget(target, probe, endpoint, owner)
@@ -489,14 +494,16 @@ func (p *Pooler) runServerConnect(attempt *serverConnect, target *serverTarget, 
 		close(attempt.done)
 		return
 	}
-	if sc == nil {
-		return
+	switch {
+	case owner == nil:
+		if sc != nil {
+			sc.close()
+		}
+	case sc != nil:
+		owner.connectFinished(sc)
+	default:
+		owner.connectFailed()
 	}
-	if owner != nil {
-		owner.Add(sc)
-		return
-	}
-	sc.close()
 }
 
 // connectTarget opens a connection to target and records what the attempt

@@ -369,10 +369,7 @@ func (p *Pooler) probeDownServers(now time.Time) {
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			// The connect is bounded by connect_timeout (openServer).
-			if sc, err := pool.connect(p.ctx); err == nil {
-				pool.Add(sc)
-			}
+			pool.probe(p.ctx) // bounded by connect_timeout (openServer)
 		}()
 	}
 }

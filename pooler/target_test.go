@@ -424,3 +424,47 @@ func waitForReadinessProbe(t *testing.T, h *harness) {
 		return health.checked
 	})
 }
+
+// A connect whose client gave up keeps its place in the pool until it
+// ends: against a server that stalls, a pool never has more connects in
+// flight than its size, however often its clients ask again.
+func TestConnectThatOutlivesItsClientKeepsThePoolsCapacity(t *testing.T) {
+	h := newHarness(t, func(cfg *config.Config) {
+		cfg.General.DefaultPoolSize = 1
+		cfg.General.ConnectTimeout = 600
+		cfg.General.CheckoutTimeout = 50
+	})
+	client := h.connect()
+	mustExec(t, client, "WHOAMI")
+	h.p.poolsMu.Lock()
+	for _, pool := range h.p.pools {
+		for sc := pool.TryAcquireIdle(); sc != nil; sc = pool.TryAcquireIdle() {
+			pool.Discard(sc) // the next query needs a new connect
+		}
+	}
+	h.p.poolsMu.Unlock()
+	h.fake.answerNothing(true)
+	before := h.fake.accepts.Load()
+	var timeouts int
+	for range 5 {
+		_, err := execSQL(client, "WHOAMI")
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) {
+			t.Fatalf("query against a silent server: %v", err)
+		}
+		if pgErr.Code == sqlstateTooManyConnections {
+			timeouts++
+		}
+	}
+	if dials := h.fake.accepts.Load() - before; dials != 1 {
+		t.Fatalf("5 checkouts of %v each against a silent server made %d connects; want 1 (the pool's size)", 50*time.Millisecond, dials)
+	}
+	if timeouts == 0 {
+		t.Fatal("no checkout timed out while the connect ran")
+	}
+	h.fake.answerNothing(false)
+	waitFor(t, "the server to be found back", func() bool {
+		_, err := execSQL(client, "WHOAMI")
+		return err == nil
+	})
+}
