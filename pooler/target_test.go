@@ -436,13 +436,22 @@ func TestConnectThatOutlivesItsClientKeepsThePoolsCapacity(t *testing.T) {
 	})
 	client := h.connect()
 	mustExec(t, client, "WHOAMI")
-	h.p.poolsMu.Lock()
-	for _, pool := range h.p.pools {
-		for sc := pool.TryAcquireIdle(); sc != nil; sc = pool.TryAcquireIdle() {
-			pool.Discard(sc) // the next query needs a new connect
+	// The next query needs a new connect. The connection WHOAMI ran on
+	// may still be on its way back to the pool.
+	waitFor(t, "the pool to have no server connection", func() bool {
+		h.p.poolsMu.Lock()
+		defer h.p.poolsMu.Unlock()
+		empty := true
+		for _, pool := range h.p.pools {
+			for sc := pool.TryAcquireIdle(); sc != nil; sc = pool.TryAcquireIdle() {
+				pool.Discard(sc)
+			}
+			pool.mu.Lock()
+			empty = empty && pool.total == 0
+			pool.mu.Unlock()
 		}
-	}
-	h.p.poolsMu.Unlock()
+		return empty
+	})
 	h.fake.answerNothing(true)
 	before := h.fake.accepts.Load()
 	var timeouts int
