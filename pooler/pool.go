@@ -245,18 +245,22 @@ func (p *Pool) open(ctx context.Context) (*ServerConn, error) {
 		}
 		return nil, err
 	}
+	p.adopt(sc)
+	return sc, nil
+}
+
+// adopt makes a newly opened server connection one of the pool's: it is
+// counted, and its ParameterStatus set becomes the one clients get.
+func (p *Pool) adopt(sc *ServerConn) {
 	p.stats.serverConnects.Add(1)
 	sc.pool = p
 	p.storeParams(sc)
-	return sc, nil
 }
 
 // connectFinished takes a connection whose connect outlived the caller
 // that counted its capacity (open).
 func (p *Pool) connectFinished(sc *ServerConn) {
-	p.stats.serverConnects.Add(1)
-	sc.pool = p
-	p.storeParams(sc)
+	p.adopt(sc)
 	p.Release(sc)
 }
 
@@ -269,20 +273,25 @@ func (p *Pool) connectFailed() {
 	p.mu.Unlock()
 }
 
-// probe opens a connection to find out whether a down server is back
-// (Pooler.probeDownServers), with capacity counted like any other, and
-// puts it in the pool.
-func (p *Pool) probe(ctx context.Context) {
+// openIdle opens one connection in the background and puts it in the pool,
+// if the pool holds fewer than limit (counting those being opened): the
+// maintenance loop's growth towards min_pool_size (Pooler.growPool), and
+// the probe of a down server, whose limit is the pool's size
+// (Pooler.probeDownServers).
+func (p *Pool) openIdle(ctx context.Context, limit int) error {
 	p.mu.Lock()
-	if p.closed || p.total >= p.settings.Load().size {
+	if p.closed || p.total >= limit {
 		p.mu.Unlock()
-		return
+		return nil
 	}
 	p.total++
 	p.mu.Unlock()
-	if sc, err := p.open(ctx); err == nil {
-		p.Release(sc)
+	sc, err := p.open(ctx)
+	if err != nil {
+		return err
 	}
+	p.Release(sc)
+	return nil
 }
 
 // handOffCapacityLocked gives freed capacity to the first waiter, who opens
@@ -338,8 +347,6 @@ func (p *Pool) Discard(sc *ServerConn) {
 // Add puts a connection opened outside the pool (the one that verified a
 // passthrough password) into it, or closes it when the pool is full.
 func (p *Pool) Add(sc *ServerConn) {
-	sc.pool = p
-	p.storeParams(sc)
 	p.mu.Lock()
 	if p.closed || p.total >= p.settings.Load().size {
 		p.mu.Unlock()
@@ -348,6 +355,7 @@ func (p *Pool) Add(sc *ServerConn) {
 	}
 	p.total++
 	p.mu.Unlock()
+	p.adopt(sc)
 	p.Release(sc)
 }
 
@@ -400,23 +408,6 @@ func (p *Pool) maintain(now time.Time) (missing int) {
 		sc.close()
 	}
 	return missing
-}
-
-// grow opens one connection in the background to keep min_pool_size.
-func (p *Pool) grow(ctx context.Context) error {
-	p.mu.Lock()
-	if p.closed || p.total >= p.settings.Load().minSize {
-		p.mu.Unlock()
-		return nil
-	}
-	p.total++
-	p.mu.Unlock()
-	sc, err := p.open(ctx)
-	if err != nil {
-		return err
-	}
-	p.Release(sc)
-	return nil
 }
 
 // resize applies new settings; capacity a larger size frees goes to the

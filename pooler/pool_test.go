@@ -382,12 +382,15 @@ func TestPoolMaintain(t *testing.T) {
 		t.Errorf("pool %+v after server_lifetime, want empty", st)
 	}
 
-	// grow opens one connection towards the minimum.
-	if err := pool.grow(context.Background()); err != nil {
-		t.Fatalf("grow: %v", err)
+	// openIdle opens one connection towards the minimum, and none once it
+	// is reached.
+	for range 2 {
+		if err := pool.openIdle(context.Background(), 1); err != nil {
+			t.Fatalf("openIdle: %v", err)
+		}
 	}
 	if st := pool.snapshot(); st.Idle != 1 || st.Total != 1 {
-		t.Errorf("pool %+v after grow, want 1 idle", st)
+		t.Errorf("pool %+v after openIdle, want 1 idle", st)
 	}
 	if missing := pool.maintain(time.Now()); missing != 0 {
 		t.Errorf("maintain after grow reported %d missing", missing)

@@ -351,6 +351,8 @@ func (p *Pooler) newPool(state *runtimeState, key poolKey) (*Pool, bool) {
 	passthrough := state.cfg.General.PassthroughAuth.Enabled()
 	registryKey := auth.Key{User: key.user, Database: key.database}
 	var pool *Pool // the pool being built: it probes its server while it is down
+	// Resolved once: a reload that changes the endpoint replaces the pool.
+	target := p.target(endpoint.host, endpoint.port)
 	connect := func(ctx context.Context) (*ServerConn, error) {
 		e := endpoint
 		if passthrough {
@@ -360,7 +362,7 @@ func (p *Pooler) newPool(state *runtimeState, key poolKey) (*Pool, bool) {
 			}
 			e.password = password
 		}
-		sc, err := p.openServer(ctx, e, pool)
+		sc, err := p.openServer(ctx, target, e, pool)
 		if passthrough && errors.Is(err, auth.ErrRejected) {
 			// Postgres no longer accepts the stored password: drop it, so
 			// refills fail locally ("no verified password") until a client
@@ -412,7 +414,8 @@ func poolConfig(cfg *config.Config, key poolKey) (serverEndpoint, poolSettings, 
 	return endpoint, settings, true
 }
 
-// openServer opens one server connection, waiting for one of the
+// openServer opens one server connection to target, the server at
+// endpoint's host and port (Pooler.target), waiting for one of the
 // maxConcurrentServerConnects slots first. While the server is down it
 // fails at once, unless this connect is the probe (serverTarget.admit).
 // owner is the pool the connection is for (nil: a passthrough check, whose
@@ -426,8 +429,7 @@ func poolConfig(cfg *config.Config, key poolKey) (serverEndpoint, poolSettings, 
 // marked down, not forgotten as abandoned) and a connection it opens goes
 // to owner, for the next client. PgBouncer's server connects do not belong
 // to a client either (objects.c, launch_new_connection).
-func (p *Pooler) openServer(ctx context.Context, endpoint serverEndpoint, owner *Pool) (*ServerConn, error) {
-	target := p.target(endpoint.host, endpoint.port)
+func (p *Pooler) openServer(ctx context.Context, target *serverTarget, endpoint serverEndpoint, owner *Pool) (*ServerConn, error) {
 	probe, err := target.admit(time.Now())
 	if err != nil {
 		return nil, err
@@ -546,7 +548,7 @@ func (p *Pooler) verifyPassthrough(ctx context.Context, key auth.Key, password s
 		return fmt.Errorf("%w: database %q is not configured", auth.ErrPasswordNotSent, key.Database)
 	}
 	endpoint.password = password
-	sc, err := p.openServer(ctx, endpoint, nil)
+	sc, err := p.openServer(ctx, p.target(endpoint.host, endpoint.port), endpoint, nil)
 	if err != nil {
 		return err
 	}
@@ -592,8 +594,8 @@ func (p *Pooler) maintenanceLoop() {
 // loop.
 func (p *Pooler) growPool(pool *Pool) {
 	defer p.wg.Done()
-	err := pool.grow(p.ctx) // the connect is bounded by connect_timeout (openServer)
-	if _, down := errors.AsType[*serverDownError](err); down || serverUnreachable(err) {
+	err := pool.openIdle(p.ctx, pool.settings.Load().minSize) // the connect is bounded by connect_timeout (openServer)
+	if serverDown(err) {
 		// The server is down (this grow found it so, or it was not
 		// attempted): its target's probes back off, not the pool, which
 		// is topped up at the next tick after the server is back. The

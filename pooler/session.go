@@ -683,10 +683,9 @@ func (s *session) checkoutError(err error) *clientError {
 	if down, ok := errors.AsType[*serverDownError](err); ok {
 		return &clientError{severity: wire.SeverityError, code: down.code, message: serverDownMessage(down.code, s.pool.key), err: err}
 	}
-	if _, code := classifyConnect(err, false); code == sqlstateCannotConnectNow {
-		// Postgres said it cannot take connections now (starting up,
-		// shutting down): the client hears it with Postgres's code.
-		return &clientError{severity: wire.SeverityError, code: code, message: serverDownMessage(code, s.pool.key), err: err}
+	if cannotConnectNow(err) {
+		return &clientError{severity: wire.SeverityError, code: sqlstateCannotConnectNow,
+			message: serverDownMessage(sqlstateCannotConnectNow, s.pool.key), err: err}
 	}
 	switch {
 	case errors.Is(err, ErrCheckoutTimeout), errors.Is(err, context.DeadlineExceeded):

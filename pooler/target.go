@@ -259,11 +259,23 @@ func (t *serverTarget) rememberPlaintext(now time.Time) {
 	t.plaintextUntil.Store(now.Add(plaintextMemory).UnixNano())
 }
 
-// serverUnreachable reports whether err, from a connect, shows the server
-// unreachable.
-func serverUnreachable(err error) bool {
+// serverDown reports whether err, from a connect, shows the server down:
+// the connect found it unreachable, or was not attempted because it was
+// known to be (*serverDownError).
+func serverDown(err error) bool {
+	if _, ok := errors.AsType[*serverDownError](err); ok {
+		return true
+	}
 	outcome, _ := classifyConnect(err, false)
 	return outcome == connectUnreachable
+}
+
+// cannotConnectNow reports whether err, from a connect, is Postgres saying
+// that it cannot take connections now (starting up or shutting down),
+// which clients hear with Postgres's own code, 57P03.
+func cannotConnectNow(err error) bool {
+	_, code := classifyConnect(err, false)
+	return code == sqlstateCannotConnectNow
 }
 
 // jittered returns a duration in [d/2, d).
@@ -369,7 +381,7 @@ func (p *Pooler) probeDownServers(now time.Time) {
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			pool.probe(p.ctx) // bounded by connect_timeout (openServer)
+			_ = pool.openIdle(p.ctx, pool.settings.Load().size) // bounded by connect_timeout (openServer); the target records the outcome
 		}()
 	}
 }
