@@ -133,6 +133,7 @@ type General struct {
 	ServerLifetime                 Milliseconds `toml:"server_lifetime"`                              // default 86400000; 0 = unlimited
 	ShutdownTimeout                Milliseconds `toml:"shutdown_timeout"`                             // default 60000; 0 = do not wait for transactions
 	RollbackTimeout                Milliseconds `toml:"rollback_timeout"`                             // default 5000; at least 1
+	ClientWriteTimeout             Milliseconds `toml:"client_write_timeout"`                         // extension, default 60000; 0 = none
 	PassthroughReverifyInterval    Milliseconds `toml:"passthrough_reverify_interval" restart:"true"` // extension, default 60000; 0 = never; read when the registry is made
 
 	MaxClientConnections int `toml:"max_client_connections"` // extension, default 0 = limited only by file descriptors
@@ -226,6 +227,7 @@ func Defaults() Config {
 			ServerLifetime:              86400000,
 			ShutdownTimeout:             60000,
 			RollbackTimeout:             5000,
+			ClientWriteTimeout:          60000,
 			PassthroughReverifyInterval: 60000,
 			LoginQueueTarget:            50,
 			LoginQueueMaxAge:            2000,

@@ -34,6 +34,7 @@ func TestDefaults(t *testing.T) {
 		{"server_lifetime", g.ServerLifetime, Milliseconds(86400000)},
 		{"shutdown_timeout", g.ShutdownTimeout, Milliseconds(60000)},
 		{"rollback_timeout", g.RollbackTimeout, Milliseconds(5000)},
+		{"client_write_timeout", g.ClientWriteTimeout, Milliseconds(60000)},
 		{"passthrough_reverify_interval", g.PassthroughReverifyInterval, Milliseconds(60000)},
 		{"max_client_connections", g.MaxClientConnections, 0},
 		{"max_logins_in_progress", g.MaxLoginsInProgress, 0},
@@ -103,6 +104,7 @@ idle_timeout = 6
 server_lifetime = 7
 shutdown_timeout = 8
 rollback_timeout = 9
+client_write_timeout = 10
 passthrough_reverify_interval = 60000
 max_client_connections = 11
 max_logins_in_progress = 12
@@ -163,7 +165,7 @@ server_password = "alice_srvpw"
 		AuthType: AuthMD5, PassthroughAuth: PassthroughEnabledPlainAllowChange,
 		ConnectTimeout: 1, CheckoutTimeout: 2, ClientLoginTimeout: 3,
 		IdleTimeout: 6, ServerLifetime: 7,
-		ShutdownTimeout: 8, RollbackTimeout: 9, PassthroughReverifyInterval: 60000,
+		ShutdownTimeout: 8, RollbackTimeout: 9, ClientWriteTimeout: 10, PassthroughReverifyInterval: 60000,
 		MaxClientConnections: 11, MaxLoginsInProgress: 12, LoginQueueTarget: 13, LoginQueueMaxAge: 14,
 		OpenMetricsHost:      "127.0.0.2",
 		OpenMetricsNamespace: "pgtender_",
@@ -177,7 +179,7 @@ server_password = "alice_srvpw"
 		t.Errorf("admin = %+v, want %+v", c.Admin, want)
 	}
 	wantDB := Database{Name: "app", Host: "db.internal", Port: 5433, DatabaseName: "app_prod",
-		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 47}
+		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 48}
 	if len(c.Databases) != 1 || c.Databases[0] != wantDB {
 		t.Errorf("databases = %+v, want [%+v]", c.Databases, wantDB)
 	}

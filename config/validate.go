@@ -69,6 +69,7 @@ func (l *loader) validateGeneral(g *General) {
 		{"checkout_timeout", g.CheckoutTimeout, 1},
 		{"client_login_timeout", g.ClientLoginTimeout, 1},
 		{"rollback_timeout", g.RollbackTimeout, 1},
+		{"client_write_timeout", g.ClientWriteTimeout, 0},
 		{"query_timeout", g.QueryTimeout, 0},
 		{"client_idle_in_transaction_timeout", g.ClientIdleInTransactionTimeout, 0},
 		{"idle_timeout", g.IdleTimeout, 0},

@@ -76,6 +76,8 @@ func referencedMetrics() []string {
 		"pgtender_clients",
 		// Postgres servers, label server.
 		"pgtender_server_reachable",
+		// Clients, label timeout.
+		"pgtender_client_timeouts_total",
 	}
 }
 

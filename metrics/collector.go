@@ -17,6 +17,7 @@ type Source interface {
 	ListenSockets() []pooler.ListenSocket
 	PassthroughVerifications() pooler.PassthroughVerifications
 	CancelRequests() pooler.CancelRequests
+	ClientTimeouts() pooler.ClientTimeouts
 	ServerTargets() []pooler.ServerTarget
 }
 
@@ -48,6 +49,7 @@ type Collector struct {
 	clients       *prometheus.Desc
 	verifications *prometheus.Desc
 	cancels       *prometheus.Desc
+	timeouts      *prometheus.Desc
 
 	serverReachable, serverConnects *prometheus.Desc
 
@@ -136,6 +138,9 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 				"none sent because the client had no server connection (no_server), forwarding failed (error), "+
 				"or dropped because the key named no live client (unknown_key).",
 			[]string{"result"}, nil),
+		timeouts: prometheus.NewDesc(namespace+"client_timeouts_total",
+			"Clients disconnected because a timeout ran out, by timeout: write (the client took none of pgtender's output within client_write_timeout).",
+			[]string{"timeout"}, nil),
 
 		serverReachable: prometheus.NewDesc(namespace+"server_reachable",
 			"1 while the Postgres server at this address answers pgtender's connects, 0 while it is down: new server connections to it then fail at once "+
@@ -175,6 +180,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.clients
 	ch <- c.verifications
 	ch <- c.cancels
+	ch <- c.timeouts
 	ch <- c.serverReachable
 	ch <- c.serverConnects
 	ch <- c.queueLength
@@ -189,6 +195,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.collectPools(ch)
 	c.collectVerifications(ch)
 	c.collectCancels(ch)
+	c.collectTimeouts(ch)
 	c.collectServers(ch)
 	c.collectListenQueues(ch)
 	c.collectNetstat(ch)
@@ -206,6 +213,11 @@ func (c *Collector) collectCancels(ch chan<- prometheus.Metric) {
 		{"error", v.Error}, {"unknown_key", v.UnknownKey}})
 }
 
+func (c *Collector) collectTimeouts(ch chan<- prometheus.Metric) {
+	v := c.source.ClientTimeouts()
+	collectResults(ch, c.timeouts, []resultCount{{"write", v.Write}})
+}
+
 func (c *Collector) collectServers(ch chan<- prometheus.Metric) {
 	for _, target := range c.source.ServerTargets() {
 		reachable := 0.0
@@ -220,13 +232,13 @@ func (c *Collector) collectServers(ch chan<- prometheus.Metric) {
 	}
 }
 
-// resultCount is one series of a counter labelled result.
+// resultCount is one series of a counter with one label (result, timeout).
 type resultCount struct {
 	result string
 	n      uint64
 }
 
-// collectResults sends every series of a counter labelled result, zeros
+// collectResults sends every series of a counter with one label, zeros
 // included, so each exists from the first scrape.
 func collectResults(ch chan<- prometheus.Metric, desc *prometheus.Desc, counts []resultCount) {
 	for _, r := range counts {

@@ -25,6 +25,7 @@ type fakeSource struct {
 	sockets       []pooler.ListenSocket
 	verifications pooler.PassthroughVerifications
 	cancels       pooler.CancelRequests
+	timeouts      pooler.ClientTimeouts
 	targets       []pooler.ServerTarget
 }
 
@@ -56,6 +57,12 @@ func (f *fakeSource) CancelRequests() pooler.CancelRequests {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.cancels
+}
+
+func (f *fakeSource) ClientTimeouts() pooler.ClientTimeouts {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.timeouts
 }
 
 func (f *fakeSource) ListenSockets() []pooler.ListenSocket {
@@ -182,28 +189,33 @@ func TestCollectorPools(t *testing.T) {
 }
 
 // TestCollectorResultCounters checks that every result of the passthrough
-// verification and cancel request counters is served, as a counter, from
-// the start.
+// verification, cancel request and client timeout counters is served, as a
+// counter, from the start.
 func TestCollectorResultCounters(t *testing.T) {
 	source := &fakeSource{
 		verifications: pooler.PassthroughVerifications{OK: 3, Rejected: 5, Error: 1, Throttled: 40},
 		cancels:       pooler.CancelRequests{Forwarded: 7, UnknownKey: 2},
+		timeouts:      pooler.ClientTimeouts{Write: 4},
 	}
 	collector := NewCollector("pgdog_", source, nil)
 	collector.netstatPath = "/nonexistent"
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collector)
 	families := scrapeFamilies(t, registry)
-	for name, results := range map[string]map[string]float64{
-		"pgdog_passthrough_verifications_total": {"ok": 3, "rejected": 5, "error": 1, "throttled": 40, "cached_rejection": 0},
-		"pgdog_cancel_requests_total":           {"forwarded": 7, "no_server": 0, "error": 0, "unknown_key": 2},
+	for _, family := range []struct {
+		name, label string
+		values      map[string]float64
+	}{
+		{"pgdog_passthrough_verifications_total", "result", map[string]float64{"ok": 3, "rejected": 5, "error": 1, "throttled": 40, "cached_rejection": 0}},
+		{"pgdog_cancel_requests_total", "result", map[string]float64{"forwarded": 7, "no_server": 0, "error": 0, "unknown_key": 2}},
+		{"pgdog_client_timeouts_total", "timeout", map[string]float64{"write": 4}},
 	} {
-		if typ := typeOf(t, families, name); typ != dto.MetricType_COUNTER {
-			t.Errorf("%s is a %s, want a counter", name, typ)
+		if typ := typeOf(t, families, family.name); typ != dto.MetricType_COUNTER {
+			t.Errorf("%s is a %s, want a counter", family.name, typ)
 		}
-		for result, want := range results {
-			if v := value(t, families, name, labels("result", result)); v != want {
-				t.Errorf("%s{result=%s} = %v, want %v", name, result, v, want)
+		for label, want := range family.values {
+			if v := value(t, families, family.name, labels(family.label, label)); v != want {
+				t.Errorf("%s{%s=%s} = %v, want %v", family.name, family.label, label, v, want)
 			}
 		}
 	}

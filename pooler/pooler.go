@@ -66,6 +66,7 @@ type Pooler struct {
 	keys       keySource           // draws those process ids and secrets; guarded by sessionsMu
 
 	cancels          cancelCounters
+	clientTimeouts   clientTimeoutCounters
 	unknownCancelLog logSampler // CancelRequests whose key matched no client
 
 	listeners    []*net.TCPListener

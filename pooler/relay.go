@@ -503,6 +503,11 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 
 	s.mu.Lock()
 	s.writing = false
+	if err != nil {
+		// Part of the chunk may have gone: the server may be inside a
+		// message only the client could finish.
+		s.link.clientMid = true
+	}
 	s.cond.Broadcast()
 	if err == nil && s.server == sc && (s.mayReleaseLocked() || s.link.syntheticDue()) {
 		// What was just written may need no answer (a Flush, the end of a
@@ -702,9 +707,16 @@ func (s *session) readServer(sc *ServerConn) {
 
 		s.mu.Lock()
 		if writeErr != nil && !s.closingLocked() {
-			// The client is gone. Closing its connection wakes serve,
-			// whose finish takes sc over.
+			// The client is gone, or took nothing within
+			// client_write_timeout. Closing its connection wakes serve,
+			// whose finish takes sc over. serve may be blocked writing
+			// the client's requests to the server, which does not read
+			// them while its own output waits: the deadline ends that
+			// write.
 			s.endLocked(stateClosing)
+			if s.writing {
+				_ = sc.conn.SetWriteDeadline(time.Now())
+			}
 			s.mu.Unlock()
 			s.closeSocket()
 			return
@@ -1270,8 +1282,27 @@ func (s *session) endIfIdle() {
 	}
 	s.endLocked(stateShuttingDown)
 	s.mu.Unlock()
-	s.sendError(wire.SeverityFatal, sqlstateAdminShutdown, "pgtender is shutting down")
-	s.closeSocket()
+	notice := wire.AppendErrorResponse(nil, wire.SeverityFatal, sqlstateAdminShutdown, "pgtender is shutting down")
+	if s.wmu.TryLock() {
+		s.sendErrorLocked(notice)
+		s.wmu.Unlock()
+		s.closeSocket()
+		return
+	}
+	// A write is in progress, and may be blocked on a client that does not
+	// read (for up to client_write_timeout, or for ever without one):
+	// Shutdown, which calls this for every session in turn, must not wait
+	// for it. The deadline, set on the socket under any TLS layer, ends
+	// that write within a second; the notice follows it.
+	_ = s.tcp.SetWriteDeadline(time.Now().Add(time.Second))
+	s.pooler.wg.Add(1) // before Shutdown's Wait: this session is not finished yet
+	go func() {
+		defer s.pooler.wg.Done()
+		s.wmu.Lock()
+		s.sendErrorLocked(notice)
+		s.wmu.Unlock()
+		s.closeSocket()
+	}()
 }
 
 // forceClose ends the session at once, whatever it is doing.

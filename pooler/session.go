@@ -175,6 +175,11 @@ type session struct {
 	chunk             chunkSummary // what the last client chunk held
 
 	wmu sync.Mutex // serialises writes to conn, so messages never interleave
+	// writeDeadline is conn's write deadline after login, as write last
+	// set it (boundWriteLocked); zero when none is set. writeTimedOut: a
+	// write to the client ran out of client_write_timeout. Both under wmu.
+	writeDeadline time.Time
+	writeTimedOut bool
 
 	// mu guards the link between the client and a server connection. The
 	// release point is decided under it: see releaseIfAtRestLocked.
@@ -702,28 +707,68 @@ func (s *session) checkoutError(err error) *clientError {
 		message: fmt.Sprintf("could not connect to the database server for pool %s", s.pool.key), err: err}
 }
 
-// write sends b to the client as one write.
+// write sends b to the client as one write. After login, a write the
+// client takes nothing of within client_write_timeout fails
+// (boundWriteLocked); during login, the login deadline bounds it.
 func (s *session) write(b []byte) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	if s.loggedIn.Load() {
+		s.boundWriteLocked(time.Now())
+	}
 	n, err := s.conn.Write(b)
 	s.bytesSent.Add(int64(n))
+	if err != nil && isTimeout(err) && !s.writeTimedOut {
+		s.writeTimedOut = true
+		s.pooler.clientTimeouts.write.Add(1)
+		s.pooler.log.Warn("client took none of pgtender's output within client_write_timeout; disconnecting it",
+			s.logFields(zap.Int("unwritten_bytes", len(b)-n))...)
+	}
 	return err
+}
+
+// boundWriteLocked gives the client's writes a deadline at least
+// client_write_timeout away. Setting a deadline re-arms a runtime timer,
+// which the relay would otherwise pay at every write, so it is renewed
+// only once less than the timeout is left, to one and a half timeouts from
+// now: a write the client takes nothing of fails after between one and one
+// and a half timeouts. A slow client is not cut: the relay's writes are
+// small (one server read), and each finishes as soon as the client has
+// read enough to make room for it. wmu must be held.
+func (s *session) boundWriteLocked(now time.Time) {
+	timeout := s.pooler.state.Load().cfg.General.ClientWriteTimeout.Duration()
+	if timeout <= 0 {
+		if !s.writeDeadline.IsZero() { // turned off by a reload
+			s.writeDeadline = time.Time{}
+			_ = s.conn.SetWriteDeadline(s.writeDeadline)
+		}
+		return
+	}
+	if s.writeDeadline.Sub(now) >= timeout {
+		return
+	}
+	s.writeDeadline = now.Add(timeout + timeout/2)
+	_ = s.conn.SetWriteDeadline(s.writeDeadline)
 }
 
 // sendError writes an ErrorResponse; failures are ignored because the
 // connection is usually being closed anyway.
-//
-// The deadline is set under wmu, so it cannot cut short a write of
-// readServer's that is in progress.
 func (s *session) sendError(severity, code, message string) {
 	b := wire.AppendErrorResponse(nil, severity, code, message)
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	s.sendErrorLocked(b)
+}
+
+// sendErrorLocked writes the ErrorResponse b within a second. The
+// deadline is set under wmu, so it cannot cut short a write of
+// readServer's that is in progress. wmu must be held.
+func (s *session) sendErrorLocked(b []byte) {
 	_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
 	n, _ := s.conn.Write(b)
 	s.bytesSent.Add(int64(n))
-	_ = s.conn.SetWriteDeadline(time.Time{})
+	s.writeDeadline = time.Time{} // the next write sets its own
+	_ = s.conn.SetWriteDeadline(s.writeDeadline)
 }
 
 // closeSocket closes the client's socket, from any goroutine: the serve
