@@ -128,7 +128,7 @@ type General struct {
 	CheckoutTimeout                Milliseconds `toml:"checkout_timeout"`                             // default 5000; at least 1
 	ClientLoginTimeout             Milliseconds `toml:"client_login_timeout"`                         // default 60000; at least 1
 	QueryTimeout                   Milliseconds `toml:"query_timeout"`                                // default 0 = none; not in effect yet
-	ClientIdleInTransactionTimeout Milliseconds `toml:"client_idle_in_transaction_timeout"`           // default 0 = none; not in effect yet
+	ClientIdleInTransactionTimeout Milliseconds `toml:"client_idle_in_transaction_timeout"`           // default 0 = none
 	IdleTimeout                    Milliseconds `toml:"idle_timeout"`                                 // default 60000; 0 = idle server connections are kept
 	ServerLifetime                 Milliseconds `toml:"server_lifetime"`                              // default 86400000; 0 = unlimited
 	ShutdownTimeout                Milliseconds `toml:"shutdown_timeout"`                             // default 60000; 0 = do not wait for transactions

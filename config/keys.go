@@ -104,8 +104,6 @@ type PlannedKey struct {
 // TestDocsListKeysNotInEffect and TestNotInEffect check they agree).
 var notInEffect = []PlannedKey{
 	{Key: "general.query_timeout", Default: `0`, Why: "queries are not timed out yet"},
-	{Key: "general.client_idle_in_transaction_timeout", Default: `0`,
-		Why: "clients idle in a transaction are not timed out yet"},
 }
 
 // NotInEffectKeys returns the keys pgtender reads but whose feature is not

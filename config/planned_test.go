@@ -13,7 +13,6 @@ import (
 // must be removed here too.
 var notInEffectRejected = map[string][]string{
 	"general.query_timeout":                      {`1`, `30000`},
-	"general.client_idle_in_transaction_timeout": {`1`, `60000`},
 }
 
 // notInEffectDefaults is every notInEffect key written at its default, as
@@ -100,7 +99,6 @@ func TestNotInEffect(t *testing.T) {
 		"openmetrics_namespace = \"pg_\"\nclient_idle_in_transaction_timeout = 5\nhealthcheck_port = 8080\n" + db
 	checkProblems(t, loadProblems(t, main, nil), []want{
 		{"pgdog.toml", 2, "general.query_timeout", "leave it out or set it to 0"},
-		{"pgdog.toml", 6, "general.client_idle_in_transaction_timeout", "leave it out or set it to 0"},
 	})
 
 	// A value that is wrong in itself is reported as such, not as planned.

@@ -230,6 +230,15 @@ func sqlState(err error) string {
 	return ""
 }
 
+// errorMessage is the message of err's ErrorResponse, or "".
+func errorMessage(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Severity + " " + pgErr.Message
+	}
+	return ""
+}
+
 // eventually polls cond every 10 ms until it holds or timeout passes.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()

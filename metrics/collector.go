@@ -139,7 +139,8 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 				"or dropped because the key named no live client (unknown_key).",
 			[]string{"result"}, nil),
 		timeouts: prometheus.NewDesc(namespace+"client_timeouts_total",
-			"Clients disconnected because a timeout ran out, by timeout: write (the client took none of pgtender's output within client_write_timeout).",
+			"Clients disconnected because a timeout ran out, by timeout: write (the client took none of pgtender's output within client_write_timeout), "+
+				"idle_in_transaction (the client held a transaction open and sent nothing for client_idle_in_transaction_timeout).",
 			[]string{"timeout"}, nil),
 
 		serverReachable: prometheus.NewDesc(namespace+"server_reachable",
@@ -215,7 +216,7 @@ func (c *Collector) collectCancels(ch chan<- prometheus.Metric) {
 
 func (c *Collector) collectTimeouts(ch chan<- prometheus.Metric) {
 	v := c.source.ClientTimeouts()
-	collectResults(ch, c.timeouts, []resultCount{{"write", v.Write}})
+	collectResults(ch, c.timeouts, []resultCount{{"write", v.Write}, {"idle_in_transaction", v.IdleInTransaction}})
 }
 
 func (c *Collector) collectServers(ch chan<- prometheus.Metric) {

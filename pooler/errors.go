@@ -39,10 +39,13 @@ const (
 	// Prepared statements in transaction mode (prepared.go).
 	sqlstateDuplicatePreparedStatement = "42P05"
 	sqlstateInFailedTransaction        = "25P02"
-	sqlstateProgramLimitExceeded       = "54000"
-	sqlstateQueryCanceled              = "57014"
-	sqlstateInvalidStatementName       = "26000"
-	sqlstateInternalError              = "XX000"
+	// Postgres's for idle_in_transaction_session_timeout, which
+	// client_idle_in_transaction_timeout mirrors.
+	sqlstateIdleInTransactionTimeout = "25P03"
+	sqlstateProgramLimitExceeded     = "54000"
+	sqlstateQueryCanceled            = "57014"
+	sqlstateInvalidStatementName     = "26000"
+	sqlstateInternalError            = "XX000"
 )
 
 // clientError is an error that is shown to the client: its SQLSTATE and

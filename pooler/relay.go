@@ -42,6 +42,13 @@ func (s *session) relay() error {
 			var err error
 			buf, k, err = s.in.read(long, carried)
 			if k == 0 {
+				if isTimeout(err) {
+					// The bound on a client idle in a transaction.
+					if expired := s.idleInTransactionExpired(); expired != nil {
+						return expired
+					}
+					continue
+				}
 				return err
 			}
 			n = carried + k
@@ -724,6 +731,9 @@ func (s *session) readServer(sc *ServerConn) {
 		if s.closingLocked() {
 			s.mu.Unlock()
 			return
+		}
+		if readies > 0 {
+			s.watchIdleInTransactionLocked(time.Now())
 		}
 		if readies > 0 && s.mode == config.PoolerModeSession && s.pooler.draining.Load() {
 			s.mu.Unlock()

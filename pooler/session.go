@@ -193,6 +193,10 @@ type session struct {
 	link       link // protocol state of the link to server (link.go)
 	writing    bool // serve is writing client bytes to server
 	discarding bool // after a failed checkout: drop extended messages until Sync
+	// idleTxDeadline is the client socket's read deadline while the client
+	// is idle in a transaction under client_idle_in_transaction_timeout
+	// (timeouts.go); zero when none is set.
+	idleTxDeadline time.Time
 	// woken says a read deadline in the past was given to the server
 	// connection to make readServer look at the session again
 	// (wakeReaderLocked); readServer clears both.
