@@ -127,7 +127,7 @@ type General struct {
 	ConnectTimeout                 Milliseconds `toml:"connect_timeout"`                              // default 5000; at least 1
 	CheckoutTimeout                Milliseconds `toml:"checkout_timeout"`                             // default 5000; at least 1
 	ClientLoginTimeout             Milliseconds `toml:"client_login_timeout"`                         // default 60000; at least 1
-	QueryTimeout                   Milliseconds `toml:"query_timeout"`                                // default 0 = none; not in effect yet
+	QueryTimeout                   Milliseconds `toml:"query_timeout"`                                // default 0 = none
 	ClientIdleInTransactionTimeout Milliseconds `toml:"client_idle_in_transaction_timeout"`           // default 0 = none
 	IdleTimeout                    Milliseconds `toml:"idle_timeout"`                                 // default 60000; 0 = idle server connections are kept
 	ServerLifetime                 Milliseconds `toml:"server_lifetime"`                              // default 86400000; 0 = unlimited

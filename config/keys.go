@@ -102,9 +102,7 @@ type PlannedKey struct {
 // that builds its feature (and its row in docs/configuration.md, "Read but
 // not in effect yet", and from notInEffectRejected in planned_test.go;
 // TestDocsListKeysNotInEffect and TestNotInEffect check they agree).
-var notInEffect = []PlannedKey{
-	{Key: "general.query_timeout", Default: `0`, Why: "queries are not timed out yet"},
-}
+var notInEffect = []PlannedKey{}
 
 // NotInEffectKeys returns the keys pgtender reads but whose feature is not
 // built yet (see PlannedKey), in key order. It is a copy.

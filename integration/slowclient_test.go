@@ -28,10 +28,7 @@ func TestClientThatStopsReadingIsDisconnected(t *testing.T) {
 	defer cancel()
 
 	stalled := tp.connect(t, ctx)
-	var backend int
-	if err := stalled.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
-		t.Fatal(err)
-	}
+	backend := backendPID(t, ctx, stalled)
 	socket := stalled.PgConn().Conn()
 	// About 200 MB if it were all sent: far more than the socket buffers
 	// on both sides hold.
@@ -51,12 +48,7 @@ func TestClientThatStopsReadingIsDisconnected(t *testing.T) {
 
 	// The pool's one server connection was cleaned and handed on: the next
 	// client runs on the same backend, and the query is no longer running.
-	next := tp.connect(t, ctx)
-	var nextBackend int
-	if err := next.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&nextBackend); err != nil {
-		t.Fatalf("the next client of the pool: %v", err)
-	}
-	if nextBackend != backend {
+	if nextBackend := backendPID(t, ctx, tp.connect(t, ctx)); nextBackend != backend {
 		t.Errorf("the next client ran on backend %d, want %d (the cleaned connection)", nextBackend, backend)
 	}
 	admin := direct(t, ctx)

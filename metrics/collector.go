@@ -140,7 +140,8 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 			[]string{"result"}, nil),
 		timeouts: prometheus.NewDesc(namespace+"client_timeouts_total",
 			"Clients disconnected because a timeout ran out, by timeout: write (the client took none of pgtender's output within client_write_timeout), "+
-				"idle_in_transaction (the client held a transaction open and sent nothing for client_idle_in_transaction_timeout).",
+				"idle_in_transaction (the client held a transaction open and sent nothing for client_idle_in_transaction_timeout), "+
+				"query (a request was not answered within query_timeout).",
 			[]string{"timeout"}, nil),
 
 		serverReachable: prometheus.NewDesc(namespace+"server_reachable",
@@ -216,7 +217,7 @@ func (c *Collector) collectCancels(ch chan<- prometheus.Metric) {
 
 func (c *Collector) collectTimeouts(ch chan<- prometheus.Metric) {
 	v := c.source.ClientTimeouts()
-	collectResults(ch, c.timeouts, []resultCount{{"write", v.Write}, {"idle_in_transaction", v.IdleInTransaction}})
+	collectResults(ch, c.timeouts, []resultCount{{"write", v.Write}, {"idle_in_transaction", v.IdleInTransaction}, {"query", v.Query}})
 }
 
 func (c *Collector) collectServers(ch chan<- prometheus.Metric) {

@@ -195,7 +195,7 @@ func TestCollectorResultCounters(t *testing.T) {
 	source := &fakeSource{
 		verifications: pooler.PassthroughVerifications{OK: 3, Rejected: 5, Error: 1, Throttled: 40},
 		cancels:       pooler.CancelRequests{Forwarded: 7, UnknownKey: 2},
-		timeouts:      pooler.ClientTimeouts{Write: 4, IdleInTransaction: 6},
+		timeouts:      pooler.ClientTimeouts{Write: 4, IdleInTransaction: 6, Query: 8},
 	}
 	collector := NewCollector("pgdog_", source, nil)
 	collector.netstatPath = "/nonexistent"
@@ -208,7 +208,7 @@ func TestCollectorResultCounters(t *testing.T) {
 	}{
 		{"pgdog_passthrough_verifications_total", "result", map[string]float64{"ok": 3, "rejected": 5, "error": 1, "throttled": 40, "cached_rejection": 0}},
 		{"pgdog_cancel_requests_total", "result", map[string]float64{"forwarded": 7, "no_server": 0, "error": 0, "unknown_key": 2}},
-		{"pgdog_client_timeouts_total", "timeout", map[string]float64{"write": 4, "idle_in_transaction": 6}},
+		{"pgdog_client_timeouts_total", "timeout", map[string]float64{"write": 4, "idle_in_transaction": 6, "query": 8}},
 	} {
 		if typ := typeOf(t, families, family.name); typ != dto.MetricType_COUNTER {
 			t.Errorf("%s is a %s, want a counter", family.name, typ)

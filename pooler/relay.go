@@ -490,6 +490,7 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	// Told before the bytes are written, so that no reply can arrive for
 	// a request the link does not know of.
 	edits := s.planChunkLocked(sc, summary, chunk)
+	s.startQueryClockLocked()
 	if summary.mayChangeSession {
 		s.settingsMayHaveChanged = true
 	}
@@ -673,6 +674,10 @@ func (s *session) readServer(sc *ServerConn) {
 			if s.woken && isTimeout(readErr) {
 				s.woken = false
 				_ = sc.conn.SetReadDeadline(time.Time{})
+				if s.queryTimedOut {
+					s.endTimedOutQueryLocked(sc)
+					return // finish takes sc over
+				}
 				if s.link.syntheticDue() && s.writeSyntheticLocked(sc) {
 					return
 				}
@@ -733,7 +738,9 @@ func (s *session) readServer(sc *ServerConn) {
 			return
 		}
 		if readies > 0 {
-			s.watchIdleInTransactionLocked(time.Now())
+			now := time.Now()
+			s.watchIdleInTransactionLocked(now)
+			s.queryAnsweredLocked(now)
 		}
 		if readies > 0 && s.mode == config.PoolerModeSession && s.pooler.draining.Load() {
 			s.mu.Unlock()
@@ -1135,6 +1142,7 @@ func (s *session) serverLost(err error) {
 func (s *session) finish() {
 	s.mu.Lock()
 	s.endLocked(stateClosing)
+	s.stopQueryClockLocked()
 	sc := s.server
 	if sc != nil {
 		s.wakeReaderLocked(sc) // it sees closing and hands sc over

@@ -197,6 +197,14 @@ type session struct {
 	// is idle in a transaction under client_idle_in_transaction_timeout
 	// (timeouts.go); zero when none is set.
 	idleTxDeadline time.Time
+	// The query_timeout clock (timeouts.go): queryClock is made at the
+	// first timed request; a run-out counts only if queryClockRunning and
+	// queryClockStarted is a timeout ago; queryTimedOut tells readServer
+	// to end the session.
+	queryClock        *time.Timer
+	queryClockRunning bool
+	queryClockStarted time.Time
+	queryTimedOut     bool
 	// woken says a read deadline in the past was given to the server
 	// connection to make readServer look at the session again
 	// (wakeReaderLocked); readServer clears both.

@@ -2,9 +2,13 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgtender/pgtender/pooler"
 )
@@ -58,10 +62,7 @@ func clientIdleInTransaction(t *testing.T, mode string, want error) {
 			t.Fatal(err)
 		}
 	}
-	var backend int
-	if err := idle.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
-		t.Fatal(err)
-	}
+	backend := backendPID(t, ctx, idle)
 
 	// Busy inside a transaction for longer than the timeout, then idle
 	// outside one for longer: neither is cut.
@@ -106,7 +107,8 @@ func clientIdleInTransaction(t *testing.T, mode string, want error) {
 
 	// The one server connection was rolled back and handed on.
 	next := tp.connect(t, ctx)
-	var nextBackend, rows int
+	var nextBackend int32
+	var rows int
 	if err := next.QueryRow(ctx, "SELECT pg_backend_pid(), (SELECT count(*) FROM "+table+")").Scan(&nextBackend, &rows); err != nil {
 		t.Fatalf("the next client of the pool: %v", err)
 	}
@@ -118,5 +120,47 @@ func clientIdleInTransaction(t *testing.T, mode string, want error) {
 	}
 	if _, err := next.Exec(ctx, "DROP TABLE "+table); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestQueryTimeout: a request Postgres does not answer within
+// query_timeout (pg_sleep, through the simple and the extended protocol)
+// ends the client's session with 57014; the query is canceled on Postgres,
+// and the server connection, drained and clean, goes to the next client.
+func TestQueryTimeout(t *testing.T) {
+	tp := startPooler(t, poolerOptions{
+		general: "passthrough_auth = \"enabled_plain\"\nquery_timeout = 300",
+		pool:    "pool_size = 1",
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := direct(t, ctx)
+
+	for i, run := range []func(conn *pgx.Conn) error{
+		func(conn *pgx.Conn) error { _, err := conn.Exec(ctx, "SELECT pg_sleep(30)"); return err },
+		func(conn *pgx.Conn) error { var v any; return conn.QueryRow(ctx, "SELECT pg_sleep($1)", 30).Scan(&v) },
+	} {
+		client := tp.connect(t, ctx)
+		backend := backendPID(t, ctx, client)
+		err := run(client)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "57014" || pgErr.Severity != "FATAL" || !strings.Contains(pgErr.Message, "query_timeout") {
+			t.Fatalf("run %d: pg_sleep(30) past query_timeout: %v; want FATAL 57014 naming query_timeout", i, err)
+		}
+		if got := tp.ClientTimeouts().Query; got != uint64(i+1) {
+			t.Errorf("run %d: query timeouts counted %d, want %d", i, got, i+1)
+		}
+		next := tp.connect(t, ctx)
+		if nextBackend := backendPID(t, ctx, next); nextBackend != backend {
+			t.Errorf("run %d: the next client ran on backend %d, want %d (the drained connection)", i, nextBackend, backend)
+		}
+		var sleeping int
+		if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'SELECT pg_sleep(%'").Scan(&sleeping); err != nil {
+			t.Fatal(err)
+		}
+		if sleeping != 0 {
+			t.Errorf("run %d: %d backends still sleep", i, sleeping)
+		}
+		next.Close(ctx)
 	}
 }
