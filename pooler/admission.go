@@ -433,10 +433,39 @@ func acceptQueueAge(conn *net.TCPConn) (age time.Duration, ok bool) {
 // meant to save. A client that insists on TLS (sslmode=require) then
 // reports that the server does not support SSL instead of the 53300 text;
 // it is refused either way, and counted as shed.
+//
+// A CancelRequest is not refused: it is forwarded as from any connection
+// (bounded by maxConcurrentCancels, not by login slots), since under
+// overload a cancel is what relieves Postgres. It is counted as a cancel,
+// not as a login.
 func (p *Pooler) shed(conn *net.TCPConn, reason ShedReason, queueWait time.Duration, queueWaitKnown bool) {
 	defer p.wg.Done()
 	defer conn.Close()
 	p.recorder.LoginStarted()
+	_ = conn.SetDeadline(time.Now().Add(shedDeadline))
+	var scratch [256]byte
+read:
+	for range 3 {
+		startup, err := wire.ReadStartup(conn, scratch[:0])
+		if err != nil {
+			if errors.Is(err, wire.ErrMalformedStartup) || isTimeout(err) {
+				break
+			}
+			break // the client is gone: still a refused login
+		}
+		switch startup.Kind {
+		case wire.SSLRequest, wire.GSSEncRequest:
+			if _, err := conn.Write([]byte{'N'}); err != nil {
+				break read
+			}
+			continue
+		case wire.CancelRequest:
+			p.recorder.LoginCancelRequest()
+			p.cancelRequest(conn.RemoteAddr(), startup.CancelProcessID, startup.CancelSecret)
+			return
+		}
+		break // a StartupMessage
+	}
 	p.recorder.LoginFinished(LoginShed, LoginTimings{})
 	if logged := p.log.Check(zap.InfoLevel, "login refused: overloaded"); logged != nil {
 		fields := []zap.Field{zap.String("reason", string(reason)), zap.String("remote", conn.RemoteAddr().String())}
@@ -444,24 +473,6 @@ func (p *Pooler) shed(conn *net.TCPConn, reason ShedReason, queueWait time.Durat
 			fields = append(fields, zap.Duration("accept_queue_wait", queueWait))
 		}
 		logged.Write(fields...)
-	}
-	_ = conn.SetDeadline(time.Now().Add(shedDeadline))
-	var scratch [256]byte
-	for range 3 {
-		startup, err := wire.ReadStartup(conn, scratch[:0])
-		if err != nil {
-			if errors.Is(err, wire.ErrMalformedStartup) || isTimeout(err) {
-				break
-			}
-			return // the client is gone
-		}
-		if startup.Kind == wire.SSLRequest || startup.Kind == wire.GSSEncRequest {
-			if _, err := conn.Write([]byte{'N'}); err != nil {
-				return
-			}
-			continue
-		}
-		break // a StartupMessage (or a CancelRequest, which cannot be served now)
 	}
 	_ = conn.SetWriteDeadline(time.Now().Add(shedDeadline))
 	_, _ = conn.Write(wire.AppendErrorResponse(nil, wire.SeverityFatal, sqlstateTooManyConnections, shedMessage))

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"net"
 	"sync/atomic"
@@ -153,7 +154,14 @@ func (p *Pooler) cancelRequest(remote net.Addr, processID uint32, secret []byte)
 	target.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(p.ctx, p.state.Load().cfg.General.ConnectTimeout.Duration())
-	err := sendCancel(ctx, address, serverPID, serverSecret)
+	var err error
+	select {
+	case p.cancelSlots <- struct{}{}:
+		err = sendCancel(ctx, address, serverPID, serverSecret)
+		<-p.cancelSlots
+	case <-ctx.Done():
+		err = fmt.Errorf("waiting for one of the %d cancel slots: %w", maxConcurrentCancels, ctx.Err())
+	}
 	cancel()
 	if err != nil {
 		p.cancels.failed.Add(1)

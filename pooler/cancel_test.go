@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/pgtender/pgtender/config"
 )
 
 // TestCancelKeysOfLiveClients registers 10,000 sessions and checks every
@@ -369,4 +372,86 @@ func BenchmarkRegisterSession(b *testing.B) {
 			}
 		})
 	})
+}
+
+// cancelKeyOf returns the CancelRequest that names the session serving the
+// fake backend pid.
+func cancelKeyOf(t *testing.T, h *harness, pid uint32) *pgproto3.CancelRequest {
+	t.Helper()
+	s := h.sessionServing(pid)
+	if s == nil {
+		t.Fatalf("no session linked to backend %d", pid)
+	}
+	var secret [4]byte
+	binary.BigEndian.PutUint32(secret[:], s.secret)
+	return &pgproto3.CancelRequest{ProcessID: s.processID, SecretKey: secret[:]}
+}
+
+// A CancelRequest gives its login slot back before it is forwarded: with
+// one login slot and a cancel held up at Postgres, a new client still
+// logs in.
+func TestCancelHoldsNoLoginSlot(t *testing.T) {
+	h := newHarness(t, func(cfg *config.Config) {
+		cfg.General.MaxLoginsInProgress = 1
+		cfg.General.DefaultPoolSize = 2
+	})
+	a := h.connect()
+	sleepErr := goExec(t, a, "SLEEP")
+	var server *fakeConn
+	waitFor(t, "SLEEP to start", func() bool { server = h.fake.sleeper(); return server != nil })
+	h.fake.holdCancelRequests()
+	cancelConn := h.dial()
+	writeRaw(t, cancelConn, encodeMsgs(t, cancelKeyOf(t, h, server.pid)))
+	waitFor(t, "the cancel to reach Postgres", func() bool { return h.fake.cancelArrivalCount() == 1 })
+
+	b := h.connect() // the one login slot must be free
+	mustWhoami(t, b)
+
+	h.fake.openGate("cancels")
+	if code := pgErrorCode(recvWithin(t, sleepErr, "the canceled query")); code != "57014" {
+		t.Fatalf("canceled query: SQLSTATE %q, want 57014", code)
+	}
+	expectEOF(t, cancelConn)
+}
+
+// A CancelRequest on a connection that login admission refuses is still
+// forwarded, and counted as a cancel, not a refused login: under overload
+// it is what relieves Postgres.
+func TestShedConnectionForwardsItsCancel(t *testing.T) {
+	recorder := newCountingRecorder()
+	h := newHarnessWith(t, nil, recorder)
+	a := h.connect()
+	sleepErr := goExec(t, a, "SLEEP")
+	var server *fakeConn
+	waitFor(t, "SLEEP to start", func() bool { server = h.fake.sleeper(); return server != nil })
+
+	// A connection as the accept loop hands one to shed.
+	listener, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close()
+	client, err := net.Dial("tcp", listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	accepted, err := listener.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRaw(t, client, encodeMsgs(t, cancelKeyOf(t, h, server.pid)))
+	h.p.wg.Add(1)
+	h.p.shed(accepted, ShedNoLoginSlot, 0, false)
+
+	if code := pgErrorCode(recvWithin(t, sleepErr, "the canceled query")); code != "57014" {
+		t.Fatalf("query canceled through a shed connection: SQLSTATE %q, want 57014", code)
+	}
+	if got := h.p.CancelRequests(); got != (CancelRequests{Forwarded: 1}) {
+		t.Errorf("cancel counters %+v, want Forwarded 1", got)
+	}
+	if shed, cancels := recorder.finishedCount(LoginShed), recorder.cancelCount(); shed != 0 || cancels != 1 {
+		t.Errorf("recorded %d shed logins and %d cancels; want 0 and 1", shed, cancels)
+	}
+	expectEOF(t, client)
 }

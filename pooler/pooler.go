@@ -24,6 +24,12 @@ import (
 // pool is bounded by its size as well.
 const maxConcurrentServerConnects = 16
 
+// maxConcurrentCancels bounds the CancelRequests pgtender forwards at once:
+// each costs Postgres a connection (a backend fork) of its own. Cancels
+// take no login slot and are never shed with logins: under overload they
+// are what relieves Postgres.
+const maxConcurrentCancels = 16
+
 // maintenanceInterval is how often idle and old server connections are
 // closed and pools are topped up to min_pool_size.
 const maintenanceInterval = time.Second
@@ -71,6 +77,7 @@ type Pooler struct {
 
 	listeners    []*net.TCPListener
 	connectSlots chan struct{} // semaphore of maxConcurrentServerConnects
+	cancelSlots  chan struct{} // semaphore of maxConcurrentCancels
 	loginSlots   *loginSlots   // login admission control (admission.go)
 
 	clientCount      atomic.Int64
@@ -120,6 +127,7 @@ func New(cfg *config.Config, log *zap.Logger, recorder LoginRecorder) (*Pooler, 
 		databaseHealth: make(map[string]*databaseHealth),
 		targets:        make(map[string]*serverTarget),
 		connectSlots:   make(chan struct{}, maxConcurrentServerConnects),
+		cancelSlots:    make(chan struct{}, maxConcurrentCancels),
 		done:           make(chan struct{}),
 		// At most about one line a second.
 		unknownCancelLog: logSampler{interval: time.Second},

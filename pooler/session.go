@@ -1,6 +1,7 @@
 package pooler
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -316,6 +317,10 @@ func (s *session) serve() {
 		defer s.pooler.loginSlots.release() // taken by the accept loop (admission.go)
 		return s.login()
 	}()
+	if cancel, ok := err.(*cancelRequest); ok {
+		s.pooler.cancelRequest(s.tcp.RemoteAddr(), cancel.processID, cancel.secret)
+		return
+	}
 	if err != nil {
 		return
 	}
@@ -364,7 +369,7 @@ func (s *session) login() error {
 	var timings LoginTimings
 	stage := StageStartup
 	err := s.loginPhases(state, deadline, &timings, &stage, start)
-	if err == errCancelRequest {
+	if _, ok := err.(*cancelRequest); ok {
 		p.recorder.LoginCancelRequest()
 		return err
 	}
@@ -414,8 +419,15 @@ const slowReadyStage = time.Millisecond
 // errClientLeft ends a login whose client went away while it waited.
 var errClientLeft = errors.New("client left during login")
 
-// errCancelRequest ends a connection that carried a CancelRequest.
-var errCancelRequest = errors.New("cancel request handled")
+// cancelRequest is what login returns for a connection that carried a
+// CancelRequest: serve forwards it once the login slot is given back, so
+// that a cancel waiting on Postgres never holds one.
+type cancelRequest struct {
+	processID uint32
+	secret    []byte // a copy: the startup packet's buffer is reused
+}
+
+func (*cancelRequest) Error() string { return "the connection carried a cancel request" }
 
 func loginResultOf(ce *clientError) LoginResult {
 	if ce.result != "" {
@@ -459,8 +471,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 			}
 			continue
 		case wire.CancelRequest:
-			p.cancelRequest(s.tcp.RemoteAddr(), startup.CancelProcessID, startup.CancelSecret)
-			return errCancelRequest
+			return &cancelRequest{processID: startup.CancelProcessID, secret: bytes.Clone(startup.CancelSecret)}
 		}
 		break
 	}

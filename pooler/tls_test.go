@@ -23,11 +23,13 @@ import (
 // Client-facing TLS against the fake Postgres; integration/tls_test.go
 // covers real clients and a real Postgres with ssl on.
 
-// countingRecorder counts login results and abandoned stages.
+// countingRecorder counts login results, abandoned stages and cancel
+// requests.
 type countingRecorder struct {
 	mu        sync.Mutex
 	finished  map[LoginResult]int
 	abandoned map[LoginStage]int
+	cancels   int
 }
 
 func newCountingRecorder() *countingRecorder {
@@ -45,7 +47,17 @@ func (r *countingRecorder) LoginAbandoned(stage LoginStage) {
 	defer r.mu.Unlock()
 	r.abandoned[stage]++
 }
-func (r *countingRecorder) LoginCancelRequest() {}
+func (r *countingRecorder) LoginCancelRequest() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cancels++
+}
+
+func (r *countingRecorder) cancelCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cancels
+}
 
 func (r *countingRecorder) finishedCount(result LoginResult) int {
 	r.mu.Lock()
