@@ -136,7 +136,8 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 		cancels: prometheus.NewDesc(namespace+"cancel_requests_total",
 			"CancelRequests received, by what became of them: forwarded to the backend serving the client (forwarded), "+
 				"none sent because the client had no server connection (no_server), forwarding failed (error), "+
-				"or dropped because the key named no live client (unknown_key).",
+				"dropped because the key named no live client (unknown_key), "+
+				"or took the client out of the queue it waited in for a server connection (while_waiting).",
 			[]string{"result"}, nil),
 		timeouts: prometheus.NewDesc(namespace+"client_timeouts_total",
 			"Clients disconnected because a timeout ran out, by timeout: write (the client took none of pgtender's output within client_write_timeout), "+
@@ -212,7 +213,7 @@ func (c *Collector) collectVerifications(ch chan<- prometheus.Metric) {
 func (c *Collector) collectCancels(ch chan<- prometheus.Metric) {
 	v := c.source.CancelRequests()
 	collectResults(ch, c.cancels, []resultCount{{"forwarded", v.Forwarded}, {"no_server", v.NoServer},
-		{"error", v.Error}, {"unknown_key", v.UnknownKey}})
+		{"error", v.Error}, {"unknown_key", v.UnknownKey}, {"while_waiting", v.WhileWaiting}})
 }
 
 func (c *Collector) collectTimeouts(ch chan<- prometheus.Metric) {

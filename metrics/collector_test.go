@@ -207,7 +207,7 @@ func TestCollectorResultCounters(t *testing.T) {
 		values      map[string]float64
 	}{
 		{"pgdog_passthrough_verifications_total", "result", map[string]float64{"ok": 3, "rejected": 5, "error": 1, "throttled": 40, "cached_rejection": 0}},
-		{"pgdog_cancel_requests_total", "result", map[string]float64{"forwarded": 7, "no_server": 0, "error": 0, "unknown_key": 2}},
+		{"pgdog_cancel_requests_total", "result", map[string]float64{"forwarded": 7, "no_server": 0, "error": 0, "unknown_key": 2, "while_waiting": 0}},
 		{"pgdog_client_timeouts_total", "timeout", map[string]float64{"write": 4, "idle_in_transaction": 6, "query": 8}},
 	} {
 		if typ := typeOf(t, families, family.name); typ != dto.MetricType_COUNTER {

@@ -77,23 +77,26 @@ func (k *keySource) processID() uint32 {
 // started, by what became of them: forwarded to the backend serving the
 // client (Forwarded), none sent because the client had no server
 // connection linked (NoServer), forwarding failed (Error), or dropped
-// because the key named no live client (UnknownKey).
+// because the key named no live client (UnknownKey); or the client was
+// waiting for a server connection and was taken out of the queue, its
+// request answered 57014 (WhileWaiting).
 type CancelRequests struct {
-	Forwarded, NoServer, Error, UnknownKey uint64
+	Forwarded, NoServer, Error, UnknownKey, WhileWaiting uint64
 }
 
 // cancelCounters are the atomics behind CancelRequests.
 type cancelCounters struct {
-	forwarded, noServer, failed, unknownKey atomic.Uint64
+	forwarded, noServer, failed, unknownKey, whileWaiting atomic.Uint64
 }
 
 // CancelRequests returns the cancel counters now.
 func (p *Pooler) CancelRequests() CancelRequests {
 	return CancelRequests{
-		Forwarded:  p.cancels.forwarded.Load(),
-		NoServer:   p.cancels.noServer.Load(),
-		Error:      p.cancels.failed.Load(),
-		UnknownKey: p.cancels.unknownKey.Load(),
+		Forwarded:    p.cancels.forwarded.Load(),
+		NoServer:     p.cancels.noServer.Load(),
+		Error:        p.cancels.failed.Load(),
+		UnknownKey:   p.cancels.unknownKey.Load(),
+		WhileWaiting: p.cancels.whileWaiting.Load(),
 	}
 }
 
@@ -140,6 +143,14 @@ func (p *Pooler) cancelRequest(remote net.Addr, processID uint32, secret []byte)
 	target.mu.Lock()
 	sc := target.server
 	if sc == nil || target.closingLocked() {
+		if waiting := target.checkoutCancel; waiting != nil && !target.closingLocked() {
+			// The client waits for a server connection: nothing runs yet,
+			// so the cancel takes it out of the queue.
+			waiting(errCanceledWhileWaiting)
+			target.mu.Unlock()
+			p.cancels.whileWaiting.Add(1)
+			return
+		}
 		target.mu.Unlock()
 		p.cancels.noServer.Add(1)
 		return

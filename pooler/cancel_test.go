@@ -3,8 +3,10 @@ package pooler
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"math"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -454,4 +456,61 @@ func TestShedConnectionForwardsItsCancel(t *testing.T) {
 		t.Errorf("recorded %d shed logins and %d cancels; want 0 and 1", shed, cancels)
 	}
 	expectEOF(t, client)
+}
+
+// A client that leaves while it waits for a server connection is taken out
+// of the pool's queue: the connection, when one comes back, is not handed
+// to it, and its query never reaches Postgres.
+func TestClientThatLeavesWhileWaitingIsTakenOutOfTheQueue(t *testing.T) {
+	h := newHarness(t, func(cfg *config.Config) {
+		cfg.General.DefaultPoolSize = 1
+		cfg.General.CheckoutTimeout = 60000 // longer than the test waits: the queue must let go by itself
+	})
+	holder := h.connect()
+	mustExec(t, holder, "BEGIN") // holds the one server connection
+	conn, _ := h.rawConnect()
+	writeRaw(t, conn, encodeMsgs(t, &pgproto3.Query{String: "SELECT for nobody"}))
+	h.waitWaiting(1)
+	conn.Close()
+	h.waitWaiting(0)
+	waitFor(t, "the session to end", func() bool { return h.p.sessionCount() == 1 })
+	mustExec(t, holder, "COMMIT")
+	mustWhoami(t, holder)
+	for _, c := range h.fake.connList() {
+		for _, entry := range c.Log() {
+			if strings.Contains(entry, "for nobody") {
+				t.Fatalf("the query of a client that left reached Postgres: %q", entry)
+			}
+		}
+	}
+}
+
+// A CancelRequest from a client waiting for a server connection takes it
+// out of the queue: it gets 57014, as from Postgres for a canceled
+// statement, and its session goes on.
+func TestCancelWhileWaitingForAServerConnection(t *testing.T) {
+	h := newHarness(t, func(cfg *config.Config) { cfg.General.DefaultPoolSize = 1 })
+	holder := h.connect()
+	mustExec(t, holder, "BEGIN")
+	waiter := h.connect()
+	result := goExec(t, waiter, "SELECT waiting")
+	h.waitWaiting(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := waiter.CancelRequest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := recvWithin(t, result, "the canceled wait")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != sqlstateQueryCanceled || pgErr.Severity != "ERROR" {
+		t.Fatalf("query canceled while waiting: %v; want ERROR 57014", err)
+	}
+	if got := h.p.CancelRequests(); got != (CancelRequests{WhileWaiting: 1}) {
+		t.Errorf("cancel counters %+v, want WhileWaiting 1", got)
+	}
+	if n := h.fake.cancelArrivalCount(); n != 0 {
+		t.Errorf("%d cancels reached Postgres, want none", n)
+	}
+	mustExec(t, holder, "COMMIT")
+	mustWhoami(t, waiter) // the session goes on
 }

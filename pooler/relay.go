@@ -468,6 +468,9 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 			return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
 		}
 		sc, err := s.acquire()
+		if err == errClientLeft {
+			return err
+		}
 		if err != nil {
 			s.pooler.log.Info("checkout failed", s.logFields(zap.Error(err))...)
 			return s.answerWithoutServer(s.checkoutError(err))
@@ -575,22 +578,73 @@ func (s *session) editedBuffers(chunk []byte, edits []edit) net.Buffers {
 
 // acquire checks out a server connection from the session's pool. When a
 // reload replaced the pool, the session moves to the new one.
+//
+// While it waits, the client's socket is watched (watchClientWhileWaiting):
+// a client that leaves is taken out of the pool's queue (errClientLeft),
+// and one that sends a CancelRequest gets 57014 (errCanceledWhileWaiting),
+// instead of a connection, its settings and its query run for nobody.
 func (s *session) acquire() (*ServerConn, error) {
 	if sc := s.pool.TryAcquireIdle(); sc != nil {
 		return sc, nil
 	}
 	ctx, cancel := s.checkoutContext(time.Time{})
 	defer cancel()
+	ctx, stopWatching := s.watchClientWhileWaiting(ctx)
 	sc, err := s.pool.Acquire(ctx)
 	if errors.Is(err, ErrPoolClosed) && !s.pooler.draining.Load() {
-		pool, ok := s.pooler.poolFor(s.user, s.database)
-		if !ok {
-			return nil, err
+		if pool, ok := s.pooler.poolFor(s.user, s.database); ok {
+			s.pool = pool
+			sc, err = pool.Acquire(ctx)
 		}
-		s.pool = pool
-		sc, err = pool.Acquire(ctx)
+	}
+	if left := stopWatching(); err != nil && left != nil {
+		return nil, left
 	}
 	return sc, err
+}
+
+// errCanceledWhileWaiting is the end of a checkout whose client sent a
+// CancelRequest while it waited (Pooler.cancelRequest).
+var errCanceledWhileWaiting = errors.New("canceled by the client while waiting for a server connection")
+
+// watchClientWhileWaiting returns ctx, which also ends when the client
+// leaves (errClientLeft) or cancels (errCanceledWhileWaiting), and the
+// function that stops the watch and returns which of the two ended it, if
+// either did. The watch is a goroutine waiting for the client's socket to
+// turn readable (a peek: it consumes nothing), ended by a read deadline in
+// the past; bytes from the client (it pipelines) end it too, since then
+// it cannot tell a close that follows them.
+func (s *session) watchClientWhileWaiting(ctx context.Context) (context.Context, func() error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	if s.clientPeeker == nil {
+		s.clientPeeker = newSocketPeeker(s.tcp)
+	}
+	s.mu.Lock()
+	s.checkoutCancel = cancel
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if s.clientPeeker.wait() == peekClosed {
+			cancel(errClientLeft)
+		}
+	}()
+	return ctx, func() error {
+		s.mu.Lock()
+		s.checkoutCancel = nil
+		s.mu.Unlock()
+		_ = s.tcp.SetReadDeadline(time.Now())
+		<-done
+		// No server connection is linked while the session checks one
+		// out, so no idle-in-transaction deadline is due.
+		_ = s.tcp.SetReadDeadline(time.Time{})
+		cause := context.Cause(ctx)
+		cancel(nil)
+		if cause == errClientLeft || cause == errCanceledWhileWaiting {
+			return cause
+		}
+		return nil
+	}
 }
 
 // linkServer makes sc the session's server connection and starts the

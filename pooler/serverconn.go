@@ -336,6 +336,7 @@ func peekConn(conn net.Conn) peekResult {
 type socketPeeker struct {
 	raw    syscall.RawConn
 	recv   func(fd uintptr) bool // peekOnce, bound once
+	await  func(fd uintptr) bool // peekOrWait, bound once
 	probe  [1]byte
 	result peekResult
 }
@@ -354,6 +355,7 @@ func newSocketPeeker(conn net.Conn) *socketPeeker {
 		if raw, err := sysConn.SyscallConn(); err == nil {
 			p.raw = raw
 			p.recv = p.peekOnce
+			p.await = p.peekOrWait
 		}
 	}
 	return p
@@ -370,6 +372,31 @@ func (p *socketPeeker) look() peekResult {
 		return peekClosed
 	}
 	return p.result
+}
+
+// wait blocks until the socket's receive queue holds bytes (peekData) or
+// the peer closed (peekClosed), or until the socket's read deadline passes
+// (peekNothing), which is how another goroutine ends the wait. It consumes
+// nothing. Not safe for concurrent use, nor while the socket is read.
+func (p *socketPeeker) wait() peekResult {
+	if p == nil || p.raw == nil {
+		return peekUnknown
+	}
+	p.result = peekUnknown
+	if err := p.raw.Read(p.await); err != nil {
+		if isTimeout(err) {
+			return peekNothing
+		}
+		return peekClosed
+	}
+	return p.result
+}
+
+// peekOrWait is wait's recvfrom(2): false, when nothing is there, asks the
+// poller to call it again once the socket is readable.
+func (p *socketPeeker) peekOrWait(fd uintptr) bool {
+	p.peekOnce(fd)
+	return p.result != peekNothing
 }
 
 // peekOnce is the look's one recvfrom(2); it always returns true, because

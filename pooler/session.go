@@ -194,6 +194,14 @@ type session struct {
 	link       link // protocol state of the link to server (link.go)
 	writing    bool // serve is writing client bytes to server
 	discarding bool // after a failed checkout: drop extended messages until Sync
+	// clientPeeker watches the client's socket while the session waits
+	// for a server connection (watchClientWhileWaiting); made at the first
+	// wait. Owned by the serve goroutine.
+	clientPeeker *socketPeeker
+	// checkoutCancel ends the checkout the session waits in, for a
+	// CancelRequest from its client (Pooler.cancelRequest); nil when it
+	// waits in none. Under mu.
+	checkoutCancel context.CancelCauseFunc
 	// idleTxDeadline is the client socket's read deadline while the client
 	// is idle in a transaction under client_idle_in_transaction_timeout
 	// (timeouts.go); zero when none is set.
@@ -708,6 +716,12 @@ func (s *session) checkoutContext(deadline time.Time) (context.Context, context.
 
 // checkoutError turns a failed Acquire into what the client sees.
 func (s *session) checkoutError(err error) *clientError {
+	if err == errCanceledWhileWaiting {
+		// What Postgres says of a statement canceled at the client's
+		// request.
+		return &clientError{severity: wire.SeverityError, code: sqlstateQueryCanceled,
+			message: "canceling statement due to user request", err: err}
+	}
 	if down, ok := errors.AsType[*serverDownError](err); ok {
 		return &clientError{severity: wire.SeverityError, code: down.code, message: serverDownMessage(down.code, s.pool.key), err: err}
 	}
