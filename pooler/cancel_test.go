@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -427,21 +426,7 @@ func TestShedConnectionForwardsItsCancel(t *testing.T) {
 	var server *fakeConn
 	waitFor(t, "SLEEP to start", func() bool { server = h.fake.sleeper(); return server != nil })
 
-	// A connection as the accept loop hands one to shed.
-	listener, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close()
-	client, err := net.Dial("tcp", listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	accepted, err := listener.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
+	accepted, client := tcpPair(t) // a connection as the accept loop hands one to shed
 	writeRaw(t, client, encodeMsgs(t, cancelKeyOf(t, h, server.pid)))
 	h.p.wg.Add(1)
 	h.p.shed(accepted, ShedNoLoginSlot, 0, false)

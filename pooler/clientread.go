@@ -113,20 +113,20 @@ func (r *clientReader) current() []byte {
 // to wait until the socket is readable and call it again.
 func (r *clientReader) readOnce(fd uintptr) bool {
 	for {
-		n, err := unix.Read(int(fd), r.current()[r.at:])
+		n, errno := rawRead(fd, r.current()[r.at:]) // rawsocket.go
 		switch {
-		case err == nil:
+		case errno == 0:
 			r.n = n
 			return true
-		case err == unix.EINTR:
+		case errno == unix.EINTR:
 			continue
-		case err == unix.EAGAIN:
+		case errno == unix.EAGAIN:
 			if r.long == nil && r.at == 0 {
 				r.release()
 			}
 			return false
 		default:
-			r.err = os.NewSyscallError("read", err)
+			r.err = os.NewSyscallError("read", errno)
 			return true
 		}
 	}

@@ -506,7 +506,7 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 
 	var err error
 	if len(edits) == 0 {
-		_, err = sc.conn.Write(chunk)
+		_, err = sc.write(chunk)
 	} else {
 		err = s.writeEdited(sc.conn, chunk, edits)
 	}
@@ -718,7 +718,7 @@ func (s *session) readServer(sc *ServerConn) {
 	defer s.pooler.wg.Done()
 	defer s.readers.Done()
 	for {
-		n, readErr := sc.conn.Read(sc.buf[sc.carried:])
+		n, readErr := sc.read(sc.buf[sc.carried:])
 		if n == 0 && readErr != nil {
 			s.mu.Lock()
 			if s.closingLocked() {

@@ -35,7 +35,12 @@ const serverReadBufferLen = 16 << 10
 // calls Release or Discard. Only the owner reads or writes conn, buf and
 // scanner; nothing in a ServerConn is safe for concurrent use.
 type ServerConn struct {
-	conn    net.Conn
+	conn net.Conn
+	// in and out read and write conn's socket with raw syscalls
+	// (rawsocket.go) for the relay's hot path (readServer,
+	// forwardClientBytes); nil over TLS.
+	in      *socketReader
+	out     *socketWriter
 	peeker  *socketPeeker // conn's, made by idleAndAlive, which only the checkout calls
 	buf     []byte        // read buffer, owned by this connection for its life
 	scanner wire.Scanner  // message boundaries of what the server sent
@@ -68,6 +73,22 @@ type ServerConn struct {
 	pool      *Pool
 	createdAt time.Time
 	idleSince time.Time // when it last went back to the pool
+}
+
+// read reads from the server for the relay.
+func (sc *ServerConn) read(b []byte) (int, error) {
+	if sc.in != nil {
+		return sc.in.read(b)
+	}
+	return sc.conn.Read(b)
+}
+
+// write writes client bytes to the server for the relay.
+func (sc *ServerConn) write(b []byte) (int, error) {
+	if sc.out != nil {
+		return sc.out.write(b)
+	}
+	return sc.conn.Write(b)
 }
 
 // serverEndpoint is everything needed to open a server connection.
@@ -222,6 +243,9 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.Ce
 	}
 	sc.scanner.Inspect = inspectServerMessage
 	sc.unnamedOp = statementOp{server: sc, unnamed: true}
+	if tcp, ok := sc.conn.(*net.TCPConn); ok {
+		sc.in, sc.out = newSocketReader(tcp), newSocketWriter(tcp)
+	}
 	return sc, refusedTLS, nil
 }
 

@@ -181,6 +181,9 @@ type session struct {
 	// write to the client ran out of client_write_timeout. Both under wmu.
 	writeDeadline time.Time
 	writeTimedOut bool
+	// out writes to tcp while conn is tcp (rawsocket.go); nil once conn
+	// is TLS. Under wmu.
+	out *socketWriter
 
 	// mu guards the link between the client and a server connection. The
 	// release point is decided under it: see releaseIfAtRestLocked.
@@ -275,6 +278,7 @@ func newSession(p *Pooler, conn *net.TCPConn) *session {
 		connectedAt: time.Now(),
 		serial:      sessionSerials.Add(1),
 	}
+	s.out = newSocketWriter(conn)
 	s.link.reset()
 	s.cond.L = &s.mu
 	s.scanner.Inspect = inspectClientMessage
@@ -753,7 +757,13 @@ func (s *session) write(b []byte) error {
 	if s.loggedIn.Load() {
 		s.boundWriteLocked(time.Now())
 	}
-	n, err := s.conn.Write(b)
+	var n int
+	var err error
+	if s.out != nil {
+		n, err = s.out.write(b)
+	} else {
+		n, err = s.conn.Write(b)
+	}
 	s.bytesSent.Add(int64(n))
 	if err != nil && isTimeout(err) && !s.writeTimedOut {
 		s.writeTimedOut = true

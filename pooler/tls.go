@@ -79,6 +79,7 @@ func (s *session) answerSSLRequest(state *runtimeState) error {
 	}
 	s.wmu.Lock()
 	s.conn = conn
+	s.out = nil
 	s.wmu.Unlock()
 	s.encrypted = true
 	s.reader = wire.NewReader(conn, *s.bufRef, maxAuthMessageLen)

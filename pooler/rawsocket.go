@@ -1,0 +1,153 @@
+package pooler
+
+import (
+	"io"
+	"os"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Raw socket reads and writes.
+//
+// A plain-TCP socket is non-blocking, so read(2) and write(2) on it never
+// sleep: they take what is there or fits and return EAGAIN otherwise. The
+// standard library's calls still enter the scheduler's syscall state
+// (syscall.Syscall), which lets the runtime's sysmon thread take the P away
+// from a goroutine whose call runs past a tick while other goroutines wait,
+// and hand it to another thread; on loopback a write also does the
+// receiving socket's TCP work, so calls often run that long, and the hand
+// off (a thread woken, the caller's thread parked when it returns) costs
+// more than the call. The relay's hot reads and writes make the same
+// calls through syscall.RawConn with unix.RawSyscall instead: the poller
+// still waits for readiness on EAGAIN, and deadlines work as for net.Conn.
+
+// rawRead is one read(2) of a non-blocking socket. Reading into nothing
+// reads nothing, as read(2) of zero bytes does.
+func rawRead(fd uintptr, b []byte) (int, unix.Errno) {
+	if len(b) == 0 {
+		return 0, 0
+	}
+	n, _, errno := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+	return int(n), errno
+}
+
+// rawWrite is one write(2) to a non-blocking socket; b is not empty.
+func rawWrite(fd uintptr, b []byte) (int, unix.Errno) {
+	n, _, errno := unix.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+	return int(n), errno
+}
+
+// socketWriter writes to one socket. Not safe for concurrent use: the
+// session calls it under wmu, the relay from the goroutine that writes
+// the server connection.
+type socketWriter struct {
+	raw     syscall.RawConn
+	attempt func(fd uintptr) bool // writeOnce, bound once
+	pending []byte
+	written int
+	err     error
+}
+
+// newSocketWriter returns a writer for conn, or nil when conn gives no
+// file descriptor.
+func newSocketWriter(conn syscall.Conn) *socketWriter {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	w := &socketWriter{raw: raw}
+	w.attempt = w.writeOnce
+	return w
+}
+
+// write writes all of b, waiting for the socket to take it as
+// net.Conn.Write does, and returns how much it wrote.
+func (w *socketWriter) write(b []byte) (int, error) {
+	w.pending, w.written, w.err = b, 0, nil
+	err := w.raw.Write(w.attempt)
+	n := w.written
+	w.pending = nil
+	if err != nil {
+		return n, err // the poller's: a closed socket, a deadline
+	}
+	return n, w.err
+}
+
+// writeOnce writes what the socket takes now; false, on EAGAIN, asks the
+// poller to wait until it is writable and call it again.
+func (w *socketWriter) writeOnce(fd uintptr) bool {
+	for w.written < len(w.pending) {
+		n, errno := rawWrite(fd, w.pending[w.written:])
+		switch errno {
+		case 0:
+			w.written += n
+		case unix.EINTR:
+		case unix.EAGAIN:
+			return false
+		default:
+			w.err = os.NewSyscallError("write", errno)
+			return true
+		}
+	}
+	return true
+}
+
+// socketReader reads one socket. Not safe for concurrent use: a server
+// connection's is used by the goroutine that owns its read side.
+type socketReader struct {
+	raw     syscall.RawConn
+	attempt func(fd uintptr) bool // readOnce, bound once
+	into    []byte
+	n       int
+	err     error
+}
+
+// newSocketReader returns a reader for conn, or nil when conn gives no
+// file descriptor.
+func newSocketReader(conn syscall.Conn) *socketReader {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	r := &socketReader{raw: raw}
+	r.attempt = r.readOnce
+	return r
+}
+
+// read reads into b as net.Conn.Read does: it waits for bytes, and returns
+// io.EOF once the peer closed.
+func (r *socketReader) read(b []byte) (int, error) {
+	r.into, r.n, r.err = b, 0, nil
+	err := r.raw.Read(r.attempt)
+	r.into = nil
+	switch {
+	case err != nil:
+		return 0, err // the poller's: a closed socket, a deadline
+	case r.err != nil:
+		return 0, r.err
+	case r.n == 0:
+		return 0, io.EOF
+	}
+	return r.n, nil
+}
+
+// readOnce is one read(2); false, on EAGAIN, asks the poller to wait until
+// the socket is readable and call it again.
+func (r *socketReader) readOnce(fd uintptr) bool {
+	for {
+		n, errno := rawRead(fd, r.into)
+		switch errno {
+		case 0:
+			r.n = n
+			return true
+		case unix.EINTR:
+		case unix.EAGAIN:
+			return false
+		default:
+			r.err = os.NewSyscallError("read", errno)
+			return true
+		}
+	}
+}

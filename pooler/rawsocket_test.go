@@ -1,0 +1,112 @@
+package pooler
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The raw writer and reader behave as net.Conn's Write and Read: a write
+// larger than the socket buffers waits for the peer and delivers every
+// byte in order, a read waits for bytes and sees the peer's close as
+// io.EOF, and deadlines end both with a timeout.
+func TestSocketReaderAndWriterBehaveAsNetConn(t *testing.T) {
+	b, client := tcpPair(t)
+	a := client.(*net.TCPConn)
+	writer, reader := newSocketWriter(a), newSocketReader(b)
+
+	payload := bytes.Repeat([]byte("0123456789abcdef"), 1<<19) // 8 MiB: the writer must wait
+	written := make(chan error, 1)
+	go func() {
+		n, err := writer.write(payload)
+		if err == nil && n != len(payload) {
+			err = io.ErrShortWrite
+		}
+		written <- err
+	}()
+	var got []byte
+	buf := make([]byte, 64<<10)
+	for len(got) < len(payload) {
+		n, err := reader.read(buf)
+		if err != nil {
+			t.Fatalf("read after %d bytes: %v", len(got), err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if err := <-written; err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if !bytes.Equal(got, payload) {
+		t.Fatal("the bytes read are not the bytes written")
+	}
+
+	// A read deadline ends a read that finds nothing, as a timeout.
+	_ = b.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	if _, err := reader.read(buf); !isTimeout(err) {
+		t.Fatalf("read past its deadline: %v, want a timeout", err)
+	}
+	_ = b.SetReadDeadline(time.Time{})
+
+	// A write deadline ends a write the peer takes nothing of.
+	_ = a.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := writer.write(payload); !isTimeout(err) {
+		t.Fatalf("write nobody reads, past its deadline: %v, want a timeout", err)
+	}
+
+	// The peer's close is io.EOF once what it sent is read.
+	if _, err := a.Write([]byte("last")); err != nil && !isTimeout(err) {
+		t.Fatal(err)
+	}
+	a.Close()
+	for {
+		_, err := reader.read(buf)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("read after the peer closed: %v, want io.EOF", err)
+		}
+	}
+	if n, err := reader.read(nil); n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("read into nothing: %d, %v", n, err)
+	}
+}
+
+// A write to a socket whose peer reset it fails with the errno net.Conn
+// would give, which isNormalClose knows.
+func TestSocketWriterReportsAReset(t *testing.T) {
+	a, client := tcpPair(t)
+	b := client.(*net.TCPConn)
+	_ = b.SetLinger(0)
+	b.Close() // an RST
+	writer := newSocketWriter(a)
+	var err error
+	for range 100 {
+		if _, err = writer.write([]byte("after the reset")); err != nil {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) || !isNormalClose(err) {
+		t.Fatalf("write after a reset: %v, want ECONNRESET or EPIPE", err)
+	}
+}
+
+// The relay's server connections over plain TCP take the raw path.
+func TestPlainServerConnectionsUseRawSockets(t *testing.T) {
+	h := newHarness(t, nil)
+	mustWhoami(t, h.connect())
+	h.waitIdle(1)
+	sc := h.pool().TryAcquireIdle()
+	if sc == nil {
+		t.Fatal("no idle server connection")
+	}
+	defer h.pool().Release(sc)
+	if sc.in == nil || sc.out == nil {
+		t.Fatalf("server connection over %T reads and writes through net.Conn", sc.conn)
+	}
+}
