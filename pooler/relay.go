@@ -792,9 +792,8 @@ func (s *session) readServer(sc *ServerConn) {
 			return
 		}
 		if readies > 0 {
-			now := time.Now()
-			s.watchIdleInTransactionLocked(now)
-			s.queryAnsweredLocked(now)
+			s.watchIdleInTransactionLocked()
+			s.queryAnsweredLocked()
 		}
 		if readies > 0 && s.mode == config.PoolerModeSession && s.pooler.draining.Load() {
 			s.mu.Unlock()

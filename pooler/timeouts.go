@@ -50,10 +50,10 @@ func (p *Pooler) ClientTimeouts() ClientTimeouts {
 // client_idle_in_transaction_timeout from now if the client is now idle in
 // a transaction, and is cleared if it was set for an earlier idle spell.
 // s.mu must be held.
-func (s *session) watchIdleInTransactionLocked(now time.Time) {
+func (s *session) watchIdleInTransactionLocked() {
 	timeout := s.pooler.state.Load().cfg.General.ClientIdleInTransactionTimeout.Duration()
 	if timeout > 0 && s.link.idleInTransaction() {
-		s.idleTxDeadline = now.Add(timeout)
+		s.idleTxDeadline = time.Now().Add(timeout)
 		_ = s.tcp.SetReadDeadline(s.idleTxDeadline)
 		return
 	}
@@ -97,8 +97,7 @@ func (s *session) idleInTransactionExpired() error {
 // the session: the client is told, and finish cancels what runs on the
 // server, drains it and rolls it back, so that the connection is reused
 // when Postgres answers, and closed when it does not (a network path that
-// stalled) within rollback_timeout. PgBouncer closes both connections
-// (janitor.c, "query timeout").
+// stalled) within rollback_timeout.
 //
 // The clock is one timer per session, made at its first timed request
 // and re-armed per request, only while query_timeout is set.
@@ -116,12 +115,12 @@ func (s *session) startQueryClockLocked() {
 // queryAnsweredLocked is called by readServer after it forwarded
 // ReadyForQuery: the clock restarts for the next request owed, or stops.
 // s.mu must be held.
-func (s *session) queryAnsweredLocked(now time.Time) {
+func (s *session) queryAnsweredLocked() {
 	if !s.queryClockRunning {
 		return
 	}
 	if s.link.owed() != nil {
-		s.armQueryClockLocked(now)
+		s.armQueryClockLocked(time.Now())
 		return
 	}
 	s.stopQueryClockLocked()
@@ -167,6 +166,10 @@ func (s *session) queryClockRanOut() {
 		return
 	}
 	timeout := s.pooler.state.Load().cfg.General.QueryTimeout.Duration()
+	if timeout <= 0 {
+		s.queryClockRunning = false // a reload turned query_timeout off
+		return
+	}
 	if left := timeout - time.Since(s.queryClockStarted); left > 0 {
 		s.queryClock.Reset(left)
 		return

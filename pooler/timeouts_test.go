@@ -83,3 +83,29 @@ func TestQueryTimeoutTimesEachRequest(t *testing.T) {
 		t.Errorf("client timeouts %+v, want none", got)
 	}
 }
+
+// A reload that turns query_timeout off lets a request already being timed
+// run to its end.
+func TestQueryTimeoutTurnedOffByAReload(t *testing.T) {
+	var cfg config.Config
+	h := newHarness(t, func(c *config.Config) {
+		c.General.DefaultPoolSize = 1
+		c.General.QueryTimeout = 150
+		cfg = *c
+	})
+	client := h.connect()
+	gate := goExec(t, client, "GATE reloaded")
+	waitFor(t, "the request to reach the gate", func() bool { return h.fake.atGate("reloaded") != nil })
+	cfg.General.QueryTimeout = 0
+	if err := h.p.Reload(&cfg); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond) // past the old timeout
+	h.fake.openGate("reloaded")
+	if err := recvWithin(t, gate, "the gated request"); err != nil {
+		t.Fatalf("a request timed before query_timeout was turned off: %v", err)
+	}
+	if got := h.p.ClientTimeouts(); got != (ClientTimeouts{}) {
+		t.Errorf("client timeouts %+v, want none", got)
+	}
+}
