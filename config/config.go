@@ -134,9 +134,14 @@ type General struct {
 	ShutdownTimeout                Milliseconds `toml:"shutdown_timeout"`                             // default 60000; 0 = do not wait for transactions
 	RollbackTimeout                Milliseconds `toml:"rollback_timeout"`                             // default 5000; at least 1
 	ClientWriteTimeout             Milliseconds `toml:"client_write_timeout"`                         // extension, default 60000; 0 = none
+	HealthcheckInterval            Milliseconds `toml:"healthcheck_interval"`                         // default 30000; 0 = no check at checkout
+	HealthcheckTimeout             Milliseconds `toml:"healthcheck_timeout"`                          // default 5000; at least 1
+	IdleHealthcheckInterval        Milliseconds `toml:"idle_healthcheck_interval"`                    // default 30000; 0 = no background check
+	IdleHealthcheckDelay           Milliseconds `toml:"idle_healthcheck_delay"`                       // default 5000
 	PassthroughReverifyInterval    Milliseconds `toml:"passthrough_reverify_interval" restart:"true"` // extension, default 60000; 0 = never; read when the registry is made
 
 	MaxClientConnections int `toml:"max_client_connections"` // extension, default 0 = limited only by file descriptors
+	MaxMessageSize       int `toml:"max_message_size"`       // extension, bytes, default 67108864; a client message after login may be this long
 
 	// Login admission control (extensions; docs/configuration.md).
 	MaxLoginsInProgress int          `toml:"max_logins_in_progress" restart:"true"` // 0 = 16 per GOMAXPROCS
@@ -228,7 +233,12 @@ func Defaults() Config {
 			ShutdownTimeout:             60000,
 			RollbackTimeout:             5000,
 			ClientWriteTimeout:          60000,
+			HealthcheckInterval:         30000,
+			HealthcheckTimeout:          5000,
+			IdleHealthcheckInterval:     30000,
+			IdleHealthcheckDelay:        5000,
 			PassthroughReverifyInterval: 60000,
+			MaxMessageSize:              64 << 20,
 			LoginQueueTarget:            50,
 			LoginQueueMaxAge:            2000,
 			OpenMetricsHost:             "0.0.0.0",

@@ -35,8 +35,13 @@ func TestDefaults(t *testing.T) {
 		{"shutdown_timeout", g.ShutdownTimeout, Milliseconds(60000)},
 		{"rollback_timeout", g.RollbackTimeout, Milliseconds(5000)},
 		{"client_write_timeout", g.ClientWriteTimeout, Milliseconds(60000)},
+		{"healthcheck_interval", g.HealthcheckInterval, Milliseconds(30000)},
+		{"healthcheck_timeout", g.HealthcheckTimeout, Milliseconds(5000)},
+		{"idle_healthcheck_interval", g.IdleHealthcheckInterval, Milliseconds(30000)},
+		{"idle_healthcheck_delay", g.IdleHealthcheckDelay, Milliseconds(5000)},
 		{"passthrough_reverify_interval", g.PassthroughReverifyInterval, Milliseconds(60000)},
 		{"max_client_connections", g.MaxClientConnections, 0},
+		{"max_message_size", g.MaxMessageSize, 64 << 20},
 		{"max_logins_in_progress", g.MaxLoginsInProgress, 0},
 		{"login_queue_target", int(g.LoginQueueTarget), 50},
 		{"login_queue_max_age", int(g.LoginQueueMaxAge), 2000},
@@ -105,8 +110,13 @@ server_lifetime = 7
 shutdown_timeout = 8
 rollback_timeout = 9
 client_write_timeout = 10
+healthcheck_interval = 15
+healthcheck_timeout = 16
+idle_healthcheck_interval = 17
+idle_healthcheck_delay = 18
 passthrough_reverify_interval = 60000
 max_client_connections = 11
+max_message_size = 2048
 max_logins_in_progress = 12
 login_queue_target = 13
 login_queue_max_age = 14
@@ -166,7 +176,8 @@ server_password = "alice_srvpw"
 		ConnectTimeout: 1, CheckoutTimeout: 2, ClientLoginTimeout: 3,
 		IdleTimeout: 6, ServerLifetime: 7,
 		ShutdownTimeout: 8, RollbackTimeout: 9, ClientWriteTimeout: 10, PassthroughReverifyInterval: 60000,
-		MaxClientConnections: 11, MaxLoginsInProgress: 12, LoginQueueTarget: 13, LoginQueueMaxAge: 14,
+		HealthcheckInterval: 15, HealthcheckTimeout: 16, IdleHealthcheckInterval: 17, IdleHealthcheckDelay: 18,
+		MaxClientConnections: 11, MaxMessageSize: 2048, MaxLoginsInProgress: 12, LoginQueueTarget: 13, LoginQueueMaxAge: 14,
 		OpenMetricsHost:      "127.0.0.2",
 		OpenMetricsNamespace: "pgtender_",
 		TLSVerify:            TLSVerifyVerifyFull,
@@ -179,7 +190,7 @@ server_password = "alice_srvpw"
 		t.Errorf("admin = %+v, want %+v", c.Admin, want)
 	}
 	wantDB := Database{Name: "app", Host: "db.internal", Port: 5433, DatabaseName: "app_prod",
-		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 48}
+		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 53}
 	if len(c.Databases) != 1 || c.Databases[0] != wantDB {
 		t.Errorf("databases = %+v, want [%+v]", c.Databases, wantDB)
 	}

@@ -21,9 +21,8 @@ var unsupportedSections = setOf(
 
 // unsupportedGeneral are [general] keys.
 var unsupportedGeneral = setOf(
-	// health checks and bans
-	"healthcheck_interval", "idle_healthcheck_interval", "idle_healthcheck_delay",
-	"healthcheck_timeout", "ban_timeout", "ban_replica_lag", "ban_replica_lag_bytes",
+	// bans (of replicas, which pgtender does not balance across)
+	"ban_timeout", "ban_replica_lag", "ban_replica_lag_bytes",
 	// replicas, load balancing, query routing
 	"load_balancing_strategy", "read_write_strategy", "read_write_split",
 	"query_parser", "query_parser_enabled", "query_parser_engine", "regex_parser_limit",

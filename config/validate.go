@@ -43,6 +43,7 @@ func (l *loader) validateGeneral(g *General) {
 		l.problem(src, "general.min_pool_size", "%d is larger than default_pool_size (%d)", g.MinPoolSize, g.DefaultPoolSize)
 	}
 	l.atLeast(src, "general.max_client_connections", g.MaxClientConnections, 0)
+	l.between(src, "general.max_message_size", g.MaxMessageSize, 1024, 1<<30)
 	l.atLeast(src, "general.max_logins_in_progress", g.MaxLoginsInProgress, 0)
 	l.between(src, "general.openmetrics_port", g.OpenMetricsPort, 0, 65535)
 	l.between(src, "general.healthcheck_port", g.HealthcheckPort, 0, 65535)
@@ -70,6 +71,10 @@ func (l *loader) validateGeneral(g *General) {
 		{"client_login_timeout", g.ClientLoginTimeout, 1},
 		{"rollback_timeout", g.RollbackTimeout, 1},
 		{"client_write_timeout", g.ClientWriteTimeout, 0},
+		{"healthcheck_interval", g.HealthcheckInterval, 0},
+		{"healthcheck_timeout", g.HealthcheckTimeout, 1},
+		{"idle_healthcheck_interval", g.IdleHealthcheckInterval, 0},
+		{"idle_healthcheck_delay", g.IdleHealthcheckDelay, 0},
 		{"query_timeout", g.QueryTimeout, 0},
 		{"client_idle_in_transaction_timeout", g.ClientIdleInTransactionTimeout, 0},
 		{"idle_timeout", g.IdleTimeout, 0},

@@ -85,6 +85,7 @@ type poolerOptions struct {
 	users    string               // users.toml contents
 	server   *testpg.Server       // the Postgres behind the pooler; nil: pg
 	host     string               // the database's host; "": the server's
+	port     int                  // the database's port; 0: the server's
 }
 
 // testPooler is an in-process pgtender in front of the shared cluster.
@@ -111,15 +112,23 @@ func startPooler(t testing.TB, opts poolerOptions) *testPooler {
 	if host == "" {
 		host = server.Host
 	}
+	port := opts.port
+	if port == 0 {
+		port = server.Port
+	}
+	// The harness's defaults, each left out where the test sets its key.
+	var general []string
+	for _, line := range []string{"workers = 2", "min_pool_size = 0", "checkout_timeout = 5000",
+		"client_login_timeout = 10000", "log_connections = false", "log_disconnections = false"} {
+		key, _, _ := strings.Cut(line, " ")
+		if !strings.HasPrefix(opts.general, key+" ") && !strings.Contains(opts.general, "\n"+key+" ") {
+			general = append(general, line)
+		}
+	}
 	main := fmt.Sprintf(`[general]
 host = "127.0.0.1"
 port = %d
-workers = 2
-min_pool_size = 0
-checkout_timeout = 5000
-client_login_timeout = 10000
-log_connections = false
-log_disconnections = false
+%s
 %s
 
 [[databases]]
@@ -127,7 +136,7 @@ name = %q
 host = %q
 port = %d
 %s
-`, freePort(t), opts.general, appDB, host, server.Port, opts.pool)
+`, freePort(t), strings.Join(general, "\n"), opts.general, appDB, host, port, opts.pool)
 	configPath := filepath.Join(dir, "pgdog.toml")
 	usersPath := filepath.Join(dir, "users.toml")
 	if err := os.WriteFile(configPath, []byte(main), 0o600); err != nil {

@@ -18,6 +18,7 @@ type Source interface {
 	PassthroughVerifications() pooler.PassthroughVerifications
 	CancelRequests() pooler.CancelRequests
 	ClientTimeouts() pooler.ClientTimeouts
+	ClientProtocolErrors() pooler.ClientProtocolErrors
 	ServerTargets() []pooler.ServerTarget
 }
 
@@ -50,6 +51,7 @@ type Collector struct {
 	verifications *prometheus.Desc
 	cancels       *prometheus.Desc
 	timeouts      *prometheus.Desc
+	protocolErrs  *prometheus.Desc
 
 	serverReachable, serverConnects *prometheus.Desc
 
@@ -107,6 +109,12 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 				func(s *pooler.PoolStats) float64 { return float64(s.ServersIdle) }),
 			gauge("sv_idle_xact", "Server connections linked to a client that is idle inside a transaction.",
 				func(s *pooler.PoolStats) float64 { return float64(s.ServersIdleInTransaction) }),
+			gauge("sv_tested", "Server connections running a health check (healthcheck_interval at checkout, idle_healthcheck_interval in the background).",
+				func(s *pooler.PoolStats) float64 { return float64(s.ServersTested) }),
+			{desc("server_health_checks_total", "Health checks run on idle server connections (an empty query answered within healthcheck_timeout), at checkout or in the background."),
+				prometheus.CounterValue, func(s *pooler.PoolStats) float64 { return float64(s.HealthChecks) }},
+			{desc("server_health_check_failures_total", "Health checks that failed (no answer within healthcheck_timeout, an error, a closed connection); each closed its server connection before a client got it."),
+				prometheus.CounterValue, func(s *pooler.PoolStats) float64 { return float64(s.HealthCheckFailures) }},
 			untyped("sv_total", "Server connections open or being opened (a current count, not a counter).",
 				func(s *pooler.PoolStats) float64 { return float64(s.ServersTotal) }),
 			gauge("maxwait", "How long the oldest client waiting for a server connection has waited, in seconds (0 when none waits).",
@@ -144,6 +152,11 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 				"idle_in_transaction (the client held a transaction open and sent nothing for client_idle_in_transaction_timeout), "+
 				"query (a request was not answered within query_timeout).",
 			[]string{"timeout"}, nil),
+		protocolErrs: prometheus.NewDesc(namespace+"client_protocol_errors_total",
+			"Logged-in clients disconnected with 08P01 because pgtender could not follow their messages, by reason: "+
+				"malformed (a length word outside the protocol's bounds), too_large (a message longer than max_message_size), "+
+				"unknown_type (a message of a type a logged-in client may not send).",
+			[]string{"reason"}, nil),
 
 		serverReachable: prometheus.NewDesc(namespace+"server_reachable",
 			"1 while the Postgres server at this address answers pgtender's connects, 0 while it is down: new server connections to it then fail at once "+
@@ -184,6 +197,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.verifications
 	ch <- c.cancels
 	ch <- c.timeouts
+	ch <- c.protocolErrs
 	ch <- c.serverReachable
 	ch <- c.serverConnects
 	ch <- c.queueLength
@@ -199,6 +213,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.collectVerifications(ch)
 	c.collectCancels(ch)
 	c.collectTimeouts(ch)
+	c.collectProtocolErrors(ch)
 	c.collectServers(ch)
 	c.collectListenQueues(ch)
 	c.collectNetstat(ch)
@@ -219,6 +234,11 @@ func (c *Collector) collectCancels(ch chan<- prometheus.Metric) {
 func (c *Collector) collectTimeouts(ch chan<- prometheus.Metric) {
 	v := c.source.ClientTimeouts()
 	collectResults(ch, c.timeouts, []resultCount{{"write", v.Write}, {"idle_in_transaction", v.IdleInTransaction}, {"query", v.Query}})
+}
+
+func (c *Collector) collectProtocolErrors(ch chan<- prometheus.Metric) {
+	v := c.source.ClientProtocolErrors()
+	collectResults(ch, c.protocolErrs, []resultCount{{"malformed", v.Malformed}, {"too_large", v.TooLarge}, {"unknown_type", v.UnknownType}})
 }
 
 func (c *Collector) collectServers(ch chan<- prometheus.Metric) {

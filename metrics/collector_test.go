@@ -26,6 +26,7 @@ type fakeSource struct {
 	verifications pooler.PassthroughVerifications
 	cancels       pooler.CancelRequests
 	timeouts      pooler.ClientTimeouts
+	protocolErrs  pooler.ClientProtocolErrors
 	targets       []pooler.ServerTarget
 }
 
@@ -63,6 +64,12 @@ func (f *fakeSource) ClientTimeouts() pooler.ClientTimeouts {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.timeouts
+}
+
+func (f *fakeSource) ClientProtocolErrors() pooler.ClientProtocolErrors {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.protocolErrs
 }
 
 func (f *fakeSource) ListenSockets() []pooler.ListenSocket {
@@ -106,6 +113,7 @@ func samplePools() []pooler.PoolStats {
 			MaxWait:      1500 * time.Millisecond,
 			Transactions: 1200, Queries: 3400, BytesReceived: 56000, BytesSent: 789000,
 			WaitTime: 2500 * time.Millisecond, ServerConnections: 9, CheckoutTimeouts: 2,
+			ServersTested: 1, HealthChecks: 30, HealthCheckFailures: 3,
 			CheckoutWait: checkoutWait(50*time.Microsecond, 3*time.Millisecond, 700*time.Millisecond, 30*time.Second),
 		},
 		{User: "report", Database: "shop", Size: 5, CheckoutWait: checkoutWait()},
@@ -146,6 +154,9 @@ func TestCollectorPools(t *testing.T) {
 		{"pgdog_total_wait_time", dto.MetricType_UNTYPED, 2.5},
 		{"pgdog_total_server_connections", dto.MetricType_UNTYPED, 9},
 		{"pgdog_checkout_timeouts_total", dto.MetricType_COUNTER, 2},
+		{"pgdog_sv_tested", dto.MetricType_GAUGE, 1},
+		{"pgdog_server_health_checks_total", dto.MetricType_COUNTER, 30},
+		{"pgdog_server_health_check_failures_total", dto.MetricType_COUNTER, 3},
 	} {
 		if typ := typeOf(t, families, c.name); typ != c.typ {
 			t.Errorf("%s is a %s, want a %s", c.name, typ, c.typ)
@@ -196,6 +207,7 @@ func TestCollectorResultCounters(t *testing.T) {
 		verifications: pooler.PassthroughVerifications{OK: 3, Rejected: 5, Error: 1, Throttled: 40},
 		cancels:       pooler.CancelRequests{Forwarded: 7, UnknownKey: 2},
 		timeouts:      pooler.ClientTimeouts{Write: 4, IdleInTransaction: 6, Query: 8},
+		protocolErrs:  pooler.ClientProtocolErrors{Malformed: 9, TooLarge: 11, UnknownType: 13},
 	}
 	collector := NewCollector("pgdog_", source, nil)
 	collector.netstatPath = "/nonexistent"
@@ -209,6 +221,7 @@ func TestCollectorResultCounters(t *testing.T) {
 		{"pgdog_passthrough_verifications_total", "result", map[string]float64{"ok": 3, "rejected": 5, "error": 1, "throttled": 40, "cached_rejection": 0}},
 		{"pgdog_cancel_requests_total", "result", map[string]float64{"forwarded": 7, "no_server": 0, "error": 0, "unknown_key": 2, "while_waiting": 0}},
 		{"pgdog_client_timeouts_total", "timeout", map[string]float64{"write": 4, "idle_in_transaction": 6, "query": 8}},
+		{"pgdog_client_protocol_errors_total", "reason", map[string]float64{"malformed": 9, "too_large": 11, "unknown_type": 13}},
 	} {
 		if typ := typeOf(t, families, family.name); typ != dto.MetricType_COUNTER {
 			t.Errorf("%s is a %s, want a counter", family.name, typ)

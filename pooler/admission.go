@@ -33,12 +33,17 @@ import (
 //     in the kernel's queue is refused with FATAL 53300 rather than served
 //     late: its client has used most of its connect_timeout already.
 //   - When the slots stop freeing altogether (every slot held by a login
-//     that does not progress, such as clients stalling mid-login) for
-//     login_queue_target, the accept loop starts shedding: it accepts each
-//     new connection and refuses it at once with FATAL 53300, until a login
+//     that does not progress) for login_queue_target, the logins that have
+//     waited on their clients all that time (a client that stalls mid-login,
+//     or sends its packets a byte at a time) are ended, with FATAL 53300,
+//     and their slots go to the connections in the accept queue: otherwise
+//     as many stalled clients as there are slots would keep every other
+//     client out until client_login_timeout. Only when no such login can
+//     be ended does the accept loop start shedding: it accepts each new
+//     connection and refuses it at once with FATAL 53300, until a login
 //     ends again. New clients then get a quick, clear refusal instead of a
 //     silent wait. Slots that keep freeing, however slowly, never trigger
-//     it: that is a queue to be sized, not a stall.
+//     either: that is a queue to be sized, not a stall.
 //
 // A login already holding a slot is never starved by newcomers: slots are
 // released only by the logins that hold them. Why the slots are few (16
@@ -95,6 +100,9 @@ type ShedReason string
 const (
 	ShedNoLoginSlot ShedReason = "no_login_slot" // no login took a step within login_queue_target while every slot was held
 	ShedQueueAge    ShedReason = "queue_age"     // waited longer than login_queue_max_age in the accept queue
+	// ShedSlowClient: a login that held its slot waiting on its client
+	// while every slot was held and none took a step (Pooler.endStalledLogins).
+	ShedSlowClient ShedReason = "slow_client"
 )
 
 // loginSlots is the semaphore of login slots, with the counters the
@@ -289,10 +297,14 @@ const (
 // Its clock is a seam for tests (real timers in production). Not safe for
 // concurrent use: each accept loop has its own, sharing the slots.
 type admissionPolicy struct {
-	slots    *loginSlots
-	newTimer func(time.Duration) (<-chan time.Time, func() bool)
-	now      func() time.Time
-	shedding bool
+	slots *loginSlots
+	// endStalled ends the logins that hold a slot and have waited on their
+	// client for at least the given time, and returns how many it ended
+	// (Pooler.endStalledLogins); nil ends none.
+	endStalled func(waitedAtLeast time.Duration) int
+	newTimer   func(time.Duration) (<-chan time.Time, func() bool)
+	now        func() time.Time
+	shedding   bool
 	// stallWait is the stall wait that started the shedding, for its log
 	// line.
 	stallWait time.Duration
@@ -313,8 +325,9 @@ func newAdmissionPolicy(slots *loginSlots) *admissionPolicy {
 // keep taking steps (another loop may win the slot each one frees); when a
 // whole stall wait (target, or longer after slow spells: stallWait), and a
 // short wait to confirm it, pass with every slot held, no login taking a
-// step and none waiting on Postgres (or done closes), the loop starts
-// shedding. A wait whose timer fired late by more than half its
+// step and none waiting on Postgres (or done closes), the logins waiting on
+// their clients all that while are ended (endStalled) and the loop waits
+// for their slots; if there are none, it starts shedding. A wait whose timer fired late by more than half its
 // length proves nothing: the loop could not run when it was due, so the
 // process was starved of CPU (its cgroup quota spent, or a loaded machine)
 // and so were the logins it waits on; the count starts over. A pooler
@@ -370,6 +383,12 @@ func (a *admissionPolicy) beforeAccept(target time.Duration, done <-chan struct{
 			// every 100 under a 20% cgroup quota), and its logins need a
 			// moment after it thaws to show progress again.
 			wait, confirming = max(target/stallConfirmDivisor, time.Millisecond), true
+			continue
+		}
+		if a.endStalled != nil && a.endStalled(stallWait) > 0 {
+			// Their slots free as those logins end: for the
+			// connections waiting in the accept queue, not refused.
+			wait, confirming = stallWait, false
 			continue
 		}
 		a.shedding, a.stallWait = true, stallWait

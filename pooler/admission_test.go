@@ -121,6 +121,43 @@ func TestAdmissionOverloadShedsUntilASlotFrees(t *testing.T) {
 	}
 }
 
+// TestAdmissionEndsStalledLoginsBeforeShedding: when the slots stall, the
+// logins waiting on their clients are ended, for the connections in the
+// accept queue, instead of those being refused; only when none can be
+// ended does the loop shed.
+func TestAdmissionEndsStalledLoginsBeforeShedding(t *testing.T) {
+	policy, timers := newTestPolicy(2)
+	holdAll(policy.slots)
+	never := make(chan struct{})
+	var asked []time.Duration
+	policy.endStalled = func(waitedAtLeast time.Duration) int {
+		asked = append(asked, waitedAtLeast)
+		// The ended login gives its slot back, as its session would.
+		policy.slots.release()
+		return 1
+	}
+	timers.expire()
+	timers.expire()
+	if !policy.beforeAccept(50*time.Millisecond, never) {
+		t.Fatal("no slot taken after the stalled login was ended")
+	}
+	if policy.shedding {
+		t.Fatal("shedding although a stalled login was ended")
+	}
+	if len(asked) != 1 || asked[0] != 50*time.Millisecond {
+		t.Fatalf("endStalled asked %v, want once, for logins that waited the stall wait (50ms)", asked)
+	}
+
+	// No login can be ended: the loop sheds, as before.
+	holdAll(policy.slots)
+	policy.endStalled = func(time.Duration) int { return 0 }
+	timers.expire()
+	timers.expire()
+	if policy.beforeAccept(50*time.Millisecond, never) || !policy.shedding {
+		t.Fatal("not shedding with every slot stalled and no login to end")
+	}
+}
+
 func TestAdmissionBurstShorterThanTargetDoesNotShed(t *testing.T) {
 	policy, _ := newTestPolicy(1)
 	holdAll(policy.slots)

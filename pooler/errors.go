@@ -3,9 +3,14 @@ package pooler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"strings"
+	"sync/atomic"
 	"syscall"
+
+	"github.com/pgtender/pgtender/pooler/wire"
 )
 
 // Sentinel errors to branch on.
@@ -90,4 +95,47 @@ func isNormalClose(err error) bool {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// ClientProtocolErrors counts the logged-in clients disconnected with
+// 08P01 because of what they sent: a length word outside the protocol's
+// bounds (Malformed), a message longer than max_message_size (TooLarge), or
+// a message of a type a logged-in client may not send (UnknownType). A
+// malformed login is counted in logins_total{result="error"} instead.
+type ClientProtocolErrors struct {
+	Malformed, TooLarge, UnknownType uint64
+}
+
+// clientProtocolCounters are the atomics behind ClientProtocolErrors.
+type clientProtocolCounters struct {
+	malformed, tooLarge, unknownType atomic.Uint64
+}
+
+// ClientProtocolErrors returns the counters now.
+func (p *Pooler) ClientProtocolErrors() ClientProtocolErrors {
+	return ClientProtocolErrors{
+		Malformed:   p.protocolErrors.malformed.Load(),
+		TooLarge:    p.protocolErrors.tooLarge.Load(),
+		UnknownType: p.protocolErrors.unknownType.Load(),
+	}
+}
+
+// clientProtocolError counts err, the client scanner's, and turns it into
+// what the client is told before the session ends: Postgres's 08P01, with
+// the bound that was crossed for a message too large (the detail is only
+// lengths and a type byte, never the bytes themselves).
+func (p *Pooler) clientProtocolError(err error) *clientError {
+	if errors.Is(err, wire.ErrMessageTooLarge) {
+		p.protocolErrors.tooLarge.Add(1)
+		return fatalError(sqlstateProtocolViolation, "invalid message length: "+strings.TrimPrefix(err.Error(), wire.ErrMessageTooLarge.Error()+": ")+" (max_message_size)", err)
+	}
+	p.protocolErrors.malformed.Add(1)
+	return fatalError(sqlstateProtocolViolation, "invalid message from client", err)
+}
+
+// unknownMessageType counts a message of a type a logged-in client may not
+// send, and is what its client is told, in Postgres's words.
+func (p *Pooler) unknownMessageType(typ byte) *clientError {
+	p.protocolErrors.unknownType.Add(1)
+	return fatalError(sqlstateProtocolViolation, fmt.Sprintf("invalid frontend message type %d", typ), nil)
 }

@@ -137,6 +137,7 @@ func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
 	defer p.wg.Done()
 	backoff := time.Duration(0)
 	admission := newAdmissionPolicy(p.loginSlots)
+	admission.endStalled = p.endStalledLogins
 	for {
 		general := p.state.Load().cfg.General
 		wasShedding := admission.shedding

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,16 @@ type poolSettings struct {
 	serverLifetime  time.Duration
 	checkoutTimeout time.Duration
 	rollbackTimeout time.Duration
+	// Health checks (healthCheck): at checkout, of a connection that has
+	// not proved alive for healthcheckInterval; in the background
+	// (Pooler.checkIdleConnections), of idle connections that have not for
+	// idleHealthcheckInterval, from idleHealthcheckDelay after the pool
+	// was made. Each must be answered within healthcheckTimeout. 0
+	// intervals turn them off.
+	healthcheckInterval     time.Duration
+	healthcheckTimeout      time.Duration
+	idleHealthcheckInterval time.Duration
+	idleHealthcheckDelay    time.Duration
 	// preparedStatements: clients' named prepared statements are renamed
 	// (prepared.go), bounded per server connection by
 	// preparedStatementsLimit (0: no bound).
@@ -43,8 +54,9 @@ type poolSettings struct {
 // mu guards idle, waiters, total and closed; settings, counters and params
 // are read without it.
 type Pool struct {
-	key      poolKey
-	settings atomic.Pointer[poolSettings]
+	key       poolKey
+	createdAt time.Time
+	settings  atomic.Pointer[poolSettings]
 	// connect opens a new authenticated server connection for this pool.
 	connect func(ctx context.Context) (*ServerConn, error)
 
@@ -53,6 +65,9 @@ type Pool struct {
 	waiters []*poolWaiter // FIFO
 	total   int           // open connections plus those being opened
 	closed  bool
+	// sweeping: a background health check of idle connections is running
+	// (takeForIdleCheck).
+	sweeping bool
 
 	// params is the ParameterStatus set sent to clients at login, as the
 	// server connections opened last reported it (serverparams.go);
@@ -114,10 +129,16 @@ type poolStats struct {
 	// server connection to stay within prepared_statements_limit.
 	statementParses   atomic.Uint64
 	statementsEvicted atomic.Uint64
+	// healthChecks counts the health checks run (healthCheck), and
+	// healthCheckFailures those that failed and closed their connection;
+	// beingChecked is how many are running now (sv_tested).
+	healthChecks        atomic.Uint64
+	healthCheckFailures atomic.Uint64
+	beingChecked        atomic.Int64
 }
 
 func newPool(key poolKey, settings poolSettings, connect func(ctx context.Context) (*ServerConn, error)) *Pool {
-	p := &Pool{key: key, connect: connect}
+	p := &Pool{key: key, connect: connect, createdAt: time.Now()}
 	p.settings.Store(&settings)
 	return p
 }
@@ -133,7 +154,7 @@ func (p *Pool) TryAcquireIdle() *ServerConn {
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		if sc.idleAndAlive() {
+		if sc.idleAndAlive() && p.checkedIfDue(sc) {
 			p.stats.checkoutWait.observe(0)
 			return sc
 		}
@@ -142,6 +163,39 @@ func (p *Pool) TryAcquireIdle() *ServerConn {
 		p.total--
 	}
 	p.mu.Unlock()
+	return nil
+}
+
+// checkedIfDue reports whether sc, just taken from the idle list, may go to
+// a client: when it has not proved alive for healthcheck_interval, a health
+// check must pass first (PgBouncer's server_check_delay, PgDog's
+// healthcheck_interval). A connection that passes the peek (idleAndAlive)
+// may still be dead without a word: the network path, a NAT or a firewall
+// in between, or the host went away. The caller closes one that fails.
+func (p *Pool) checkedIfDue(sc *ServerConn) bool {
+	settings := p.settings.Load()
+	if settings.healthcheckInterval <= 0 || time.Since(sc.aliveAt) < settings.healthcheckInterval {
+		return true
+	}
+	// The checkout has no context of its own: the check is bounded by
+	// healthcheck_timeout, and a client that leaves meanwhile is found
+	// out by the relay, as after any checkout.
+	return p.healthCheck(context.Background(), sc, settings.healthcheckTimeout) == nil
+}
+
+// healthCheck runs sc's health check and counts it. On success sc has
+// proved alive now; on failure the caller closes it (its reply may be
+// half read).
+func (p *Pool) healthCheck(ctx context.Context, sc *ServerConn, timeout time.Duration) error {
+	p.stats.beingChecked.Add(1)
+	err := sc.check(ctx, timeout)
+	p.stats.beingChecked.Add(-1)
+	p.stats.healthChecks.Add(1)
+	if err != nil {
+		p.stats.healthCheckFailures.Add(1)
+		return err
+	}
+	sc.aliveAt = time.Now()
 	return nil
 }
 
@@ -315,8 +369,18 @@ func (p *Pool) Release(sc *ServerConn) {
 		p.Discard(sc)
 		return
 	}
+	sc.aliveAt = now
+	p.putBack(sc, now)
+}
+
+// putBack gives sc to the first waiter, or makes it idle since idleSince:
+// now for a connection a client released, or the time it went idle for
+// one a background health check took out (returnChecked). The idle list is
+// kept in idleSince order, so that the most recently used connection is
+// taken first and the others can age out by idle_timeout.
+func (p *Pool) putBack(sc *ServerConn, idleSince time.Time) {
 	p.mu.Lock()
-	if p.closed || p.total > settings.size {
+	if p.closed || p.total > p.settings.Load().size {
 		p.total--
 		p.mu.Unlock()
 		sc.close()
@@ -329,9 +393,82 @@ func (p *Pool) Release(sc *ServerConn) {
 		waiter.ch <- sc
 		return
 	}
-	sc.idleSince = now
-	p.idle = append(p.idle, sc)
+	sc.idleSince = idleSince
+	i := len(p.idle)
+	for i > 0 && p.idle[i-1].idleSince.After(idleSince) {
+		i--
+	}
+	p.idle = slices.Insert(p.idle, i, sc)
 	p.mu.Unlock()
+}
+
+// takeForIdleCheck takes out of the idle list, for a background health
+// check, the connections that have not proved alive for interval, unless a
+// check of this pool is running already; they stay counted in total.
+// The caller must pass them to checkIdle.
+func (p *Pool) takeForIdleCheck(now time.Time, interval time.Duration) []*ServerConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.sweeping {
+		return nil
+	}
+	var due []*ServerConn
+	kept := p.idle[:0]
+	for _, sc := range p.idle {
+		if now.Sub(sc.aliveAt) >= interval {
+			due = append(due, sc)
+			continue
+		}
+		kept = append(kept, sc)
+	}
+	clear(p.idle[len(kept):])
+	p.idle = kept
+	p.sweeping = len(due) > 0
+	return due
+}
+
+// checkIdle health-checks the connections takeForIdleCheck took out, all
+// at once, each bounded by timeout, so that a stalled network path costs
+// one timeout, not one per connection. A connection that passes goes back
+// to the idle list where it was (its idle_timeout clock keeps running);
+// one that fails is closed. It returns how many failed, and the first
+// failure.
+//
+// The background check finds the connections that died without a word (a
+// network path, NAT or firewall that dropped them, a host that went away)
+// before a client gets one: the peek at checkout cannot tell them from
+// idle ones. PgDog's idle check (pgdog/src/backend/pool/monitor.rs) checks
+// one connection per pool and interval; this checks each, so that none is
+// found dead by a client.
+func (p *Pool) checkIdle(ctx context.Context, due []*ServerConn, timeout time.Duration) (failed int, first error) {
+	defer func() {
+		p.mu.Lock()
+		p.sweeping = false
+		p.mu.Unlock()
+	}()
+	errs := make([]error, len(due))
+	var checks sync.WaitGroup
+	for i, sc := range due {
+		checks.Add(1)
+		go func() {
+			defer checks.Done()
+			if errs[i] = p.healthCheck(ctx, sc, timeout); errs[i] != nil {
+				p.Discard(sc)
+				return
+			}
+			p.putBack(sc, sc.idleSince)
+		}()
+	}
+	checks.Wait()
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		if failed++; first == nil {
+			first = err
+		}
+	}
+	return failed, first
 }
 
 // Discard closes a server connection that must not be reused (broken,

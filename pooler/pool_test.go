@@ -2,6 +2,7 @@ package pooler
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/pooler/wire"
 )
 
 // Unit tests of Pool with server connections over net.Pipe: no Postgres,
@@ -28,6 +30,13 @@ type pipeConns struct {
 	fail  error
 	block chan struct{} // when set, connect waits for it to close
 	conns []net.Conn
+	// answer, set before the first connect, makes the far end answer
+	// each simple Query (a health check) with EmptyQueryResponse and
+	// ReadyForQuery, counted in queries; while stalled, it reads them and
+	// answers nothing, as over a network path that stopped carrying data.
+	answer  bool
+	stalled atomic.Bool
+	queries atomic.Int64
 }
 
 func newPipeConns(t testing.TB) *pipeConns {
@@ -65,8 +74,12 @@ func (pc *pipeConns) connect(ctx context.Context) (*ServerConn, error) {
 		// The far end reads what the pool writes (Terminate) until the
 		// connection is closed.
 		defer pc.drained.Done()
+		defer server.Close()
+		if pc.answer {
+			pc.answerQueries(server)
+			return
+		}
 		_, _ = io.Copy(io.Discard, server)
-		server.Close()
 	}()
 	pc.mu.Lock()
 	pc.conns = append(pc.conns, client)
@@ -79,9 +92,35 @@ func (pc *pipeConns) connect(ctx context.Context) (*ServerConn, error) {
 		processID: uint32(id),
 		createdAt: now,
 		idleSince: now,
+		aliveAt:   now,
 	}
 	sc.scanner.Inspect = inspectServerMessage
 	return sc, nil
+}
+
+// answerQueries is the far end of a connection for pc.answer.
+func (pc *pipeConns) answerQueries(server net.Conn) {
+	header := make([]byte, 5)
+	for {
+		if _, err := io.ReadFull(server, header); err != nil {
+			return
+		}
+		body := make([]byte, int(binary.BigEndian.Uint32(header[1:]))-4)
+		if _, err := io.ReadFull(server, body); err != nil {
+			return
+		}
+		if header[0] != wire.MsgQuery {
+			continue
+		}
+		pc.queries.Add(1)
+		if pc.stalled.Load() {
+			continue
+		}
+		reply := []byte{'I', 0, 0, 0, 4, wire.MsgReadyForQuery, 0, 0, 0, 5, wire.TxIdle}
+		if _, err := server.Write(reply); err != nil {
+			return
+		}
+	}
 }
 
 func (pc *pipeConns) open() int64 { return pc.opened.Load() - pc.closed.Load() }

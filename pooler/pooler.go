@@ -73,6 +73,7 @@ type Pooler struct {
 
 	cancels          cancelCounters
 	clientTimeouts   clientTimeoutCounters
+	protocolErrors   clientProtocolCounters
 	unknownCancelLog logSampler // CancelRequests whose key matched no client
 
 	listeners    []*net.TCPListener
@@ -415,6 +416,11 @@ func poolConfig(cfg *config.Config, key poolKey) (serverEndpoint, poolSettings, 
 		serverLifetime:  general.ServerLifetime.Duration(),
 		checkoutTimeout: general.CheckoutTimeout.Duration(),
 		rollbackTimeout: general.RollbackTimeout.Duration(),
+
+		healthcheckInterval:     general.HealthcheckInterval.Duration(),
+		healthcheckTimeout:      general.HealthcheckTimeout.Duration(),
+		idleHealthcheckInterval: general.IdleHealthcheckInterval.Duration(),
+		idleHealthcheckDelay:    general.IdleHealthcheckDelay.Duration(),
 		// Session mode keeps the client's own names: its server
 		// connection is its own.
 		preparedStatements:      general.PreparedStatements == "extended" && resolved.PoolerMode == config.PoolerModeTransaction,
@@ -592,10 +598,35 @@ func (p *Pooler) maintenanceLoop() {
 					p.wg.Add(1)
 					go p.growPool(pool)
 				}
+				p.checkIdleConnections(pool, now)
 			}
 			p.probeDownServers(now)
 		}
 	}
+}
+
+// checkIdleConnections starts the background health check of pool's idle
+// connections (Pool.checkIdle) once the pool is idle_healthcheck_delay old,
+// and logs the connections it closed.
+func (p *Pooler) checkIdleConnections(pool *Pool, now time.Time) {
+	settings := pool.settings.Load()
+	if settings.idleHealthcheckInterval <= 0 || now.Sub(pool.createdAt) < settings.idleHealthcheckDelay {
+		return
+	}
+	due := pool.takeForIdleCheck(now, settings.idleHealthcheckInterval)
+	if len(due) == 0 {
+		return
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		failed, first := pool.checkIdle(p.ctx, due, settings.healthcheckTimeout)
+		if failed > 0 && p.ctx.Err() == nil {
+			p.log.Warn("idle server connections failed their health check and were closed",
+				zap.String("pool", pool.key.String()), zap.Int("failed", failed), zap.Int("checked", len(due)),
+				zap.Duration("healthcheck_timeout", settings.healthcheckTimeout), zap.Error(first))
+		}
+	}()
 }
 
 // growPool opens one connection towards min_pool_size, backing off after a

@@ -190,7 +190,7 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 		var ok bool
 		off, msg, ok, err = s.scanner.Next(chunk, off)
 		if err != nil {
-			return 0, false, fatalError(sqlstateProtocolViolation, "invalid message from client", err)
+			return 0, false, s.pooler.clientProtocolError(err)
 		}
 		if !ok {
 			break
@@ -288,8 +288,16 @@ func (s *session) scanClientChunk(chunk []byte) (forward int, terminate bool, er
 		case wire.MsgFunctionCall:
 			summary.needServer = true
 			summary.mayChangeSession = true // a function by OID: its effects cannot be seen
+		case wire.MsgExecute:
+			summary.needServer = true
 		default:
-			summary.needServer = true // a request, or let Postgres judge what it is
+			// Not a message a logged-in client may send (a password
+			// message included): Postgres would end the session, but
+			// forwarded, it gets no answer the link expects, so the
+			// connection would go back to the pool with Postgres's FATAL
+			// on its way to the next client. Refused here, as Postgres
+			// refuses it (postgres.c, SocketBackend).
+			return 0, false, s.pooler.unknownMessageType(msg.Type)
 		}
 	}
 	forward = len(chunk) - s.scanner.UnreportedLen()

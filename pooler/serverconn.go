@@ -73,6 +73,11 @@ type ServerConn struct {
 	pool      *Pool
 	createdAt time.Time
 	idleSince time.Time // when it last went back to the pool
+	// aliveAt is when the connection last proved that Postgres answers on
+	// it: it opened, a client's transaction ended on it (Release), or a
+	// health check passed (Pool.healthCheck). Health checks are due by it;
+	// idle_timeout goes by idleSince, which a health check leaves alone.
+	aliveAt time.Time
 }
 
 // read reads from the server for the relay.
@@ -239,6 +244,7 @@ func openServerConn(ctx context.Context, endpoint serverEndpoint, roots *x509.Ce
 		address:   net.JoinHostPort(endpoint.host, strconv.Itoa(endpoint.port)),
 		params:    hijacked.ParameterStatuses,
 		createdAt: now,
+		aliveAt:   now,
 		idleSince: now,
 	}
 	sc.scanner.Inspect = inspectServerMessage
@@ -474,6 +480,23 @@ func (sc *ServerConn) exec(sql string, timeout time.Duration) error {
 		return fmt.Errorf("%q left the connection in a transaction", sql)
 	}
 	return nil
+}
+
+// healthCheckQuery is what a health check sends: an empty query, which
+// Postgres answers with EmptyQueryResponse and ReadyForQuery without
+// planning anything, as PgBouncer's default server_check_query (empty
+// since 1.25, src/server.c) and PgDog's health check do.
+const healthCheckQuery = ";"
+
+// check runs the health check on an idle connection: the empty query must
+// be answered within timeout. ctx ending (shutdown) ends the wait too.
+func (sc *ServerConn) check(ctx context.Context, timeout time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = sc.conn.SetDeadline(time.Now()) })
+	defer stop()
+	return sc.exec(healthCheckQuery, timeout)
 }
 
 // errCopyWithoutClient: draining met a COPY that only the client could

@@ -112,12 +112,21 @@ type session struct {
 	secret    uint32
 	state     atomic.Int32
 	loggedIn  atomic.Bool
+	// clientWaitSince is when the login began waiting on its client's
+	// bytes (loginReader), in loginSlots.clock time plus one; 0 while it
+	// is not waiting. endedStalled is set when admission ended the login
+	// for it (Pooler.endStalledLogins).
+	clientWaitSince atomic.Int64
+	endedStalled    atomic.Bool
 
 	// Owned by the serve goroutine.
 	// bufRef is the pooled read buffer, returned at close; after login
 	// it is nil while in (clientReader) has given it back.
-	bufRef  *[]byte
-	reader  *wire.Reader // login only
+	bufRef *[]byte
+	reader *wire.Reader // login only
+	// loginIn is what reader reads during login (loginReader): a field,
+	// so that handing it to the reader allocates nothing.
+	loginIn loginReader
 	in      clientReader // after login
 	scanner wire.Scanner // client stream, after login
 	// The text of the Query or Parse being relayed is followed by sql as
@@ -369,11 +378,16 @@ func (s *session) login() error {
 		deadline = time.Now().Add(general.ClientLoginTimeout.Duration())
 		_ = s.conn.SetDeadline(deadline)
 	}
-	s.reader = wire.NewReader(s.conn, *s.bufRef, maxAuthMessageLen)
+	s.loginIn = loginReader{s, s.conn}
+	s.reader = wire.NewReader(&s.loginIn, *s.bufRef, maxAuthMessageLen)
 
 	// A connection that closes before sending a byte (a TCP health check)
 	// is not a login.
 	if err := s.reader.Fill(1); err != nil {
+		if s.endedStalled.Load() {
+			p.recorder.LoginStarted()
+			return s.loginEndedStalled(LoginTimings{}, StageStartup)
+		}
 		return err
 	}
 	start := time.Now()
@@ -388,7 +402,10 @@ func (s *session) login() error {
 	if handshake, ok := errors.AsType[*tlsHandshakeError](err); ok {
 		// No error message can be sent: the client expects TLS records,
 		// and there is no TLS session to send one in.
-		if isNormalClose(handshake.err) || isTimeout(handshake.err) {
+		if s.endedStalled.Load() && isTimeout(handshake.err) {
+			p.recorder.LoginFinished(LoginShed, timings)
+			s.logEndedStalled(stage)
+		} else if isNormalClose(handshake.err) || isTimeout(handshake.err) {
 			p.recorder.LoginAbandoned(stage)
 		} else {
 			p.recorder.LoginFinished(LoginError, timings)
@@ -414,6 +431,10 @@ func (s *session) login() error {
 		p.recorder.LoginFinished(loginResultOf(ce), timings)
 		p.log.Info("login refused", s.logFields(zap.String("sqlstate", ce.code), zap.String("stage", string(stage)), zap.Error(ce))...)
 		return err
+	}
+	if s.endedStalled.Load() && isTimeout(err) {
+		timings.Total = time.Since(start)
+		return s.loginEndedStalled(timings, stage)
 	}
 	// The client went away or ran out of client_login_timeout.
 	p.recorder.LoginAbandoned(stage)
@@ -533,6 +554,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	}
 	timings.Startup = time.Since(start)
 	p.loginSlots.progress()
+	s.clientWaitEnd()
 
 	*stage = StageAuth
 	s.setState(stateAuth)
@@ -542,6 +564,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	}
 	timings.Auth = time.Since(authStart)
 	p.loginSlots.progress()
+	s.clientWaitEnd()
 
 	*stage = StageReady
 	s.setState(stateReady)
@@ -559,6 +582,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 		// another server connection, need their messages whole.
 		s.scanner.Whole = wholeClientMessage
 	}
+	s.scanner.MaxLen = general.MaxMessageSize
 	s.mu.Unlock()
 	ctx, cancel := s.checkoutContext(deadline)
 	params, err := s.poolParameters(ctx, pool, requested)
@@ -672,6 +696,7 @@ func (s *session) passwordFailed(cause error) *clientError {
 func (s *session) awaitPassthroughVerification(ctx context.Context, login auth.Login) error {
 	s.pooler.loginSlots.serverWaitBegin()
 	defer s.pooler.loginSlots.serverWaitEnd()
+	s.clientWaitEnd() // waiting on Postgres now, not on the client
 	return s.pooler.registry.Authenticate(ctx, login, s.pooler.verify)
 }
 
@@ -683,6 +708,7 @@ func (s *session) awaitPassthroughVerification(ctx context.Context, login auth.L
 func (s *session) poolParameters(ctx context.Context, pool *Pool, requested sessionSettings) ([]serverParameter, error) {
 	s.pooler.loginSlots.serverWaitBegin()
 	defer s.pooler.loginSlots.serverWaitEnd()
+	s.clientWaitEnd() // waiting on Postgres now, not on the client
 	params, err := pool.parameters(ctx)
 	if err != nil || len(requested) == 0 {
 		return params, err
@@ -729,9 +755,15 @@ func (s *session) checkoutError(err error) *clientError {
 	if down, ok := errors.AsType[*serverDownError](err); ok {
 		return &clientError{severity: wire.SeverityError, code: down.code, message: serverDownMessage(down.code, s.pool.key), err: err}
 	}
-	if cannotConnectNow(err) {
-		return &clientError{severity: wire.SeverityError, code: sqlstateCannotConnectNow,
-			message: serverDownMessage(sqlstateCannotConnectNow, s.pool.key), err: err}
+	if !errors.Is(err, ErrCheckoutTimeout) {
+		// This checkout's own connect found the server down: no answer
+		// within connect_timeout, a refused or reset connection (08006),
+		// or Postgres not accepting connections now (57P03). A connect
+		// timeout is not a checkout timeout, whose 53300 would send the
+		// operator to the pool's size.
+		if outcome, code := classifyConnect(err, false); outcome == connectUnreachable {
+			return &clientError{severity: wire.SeverityError, code: code, message: serverDownMessage(code, s.pool.key), err: err}
+		}
 	}
 	switch {
 	case errors.Is(err, ErrCheckoutTimeout), errors.Is(err, context.DeadlineExceeded):

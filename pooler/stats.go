@@ -82,6 +82,13 @@ type PoolStats struct {
 	ServersIdle              int // sv_idle: in the pool, ready
 	ServersIdleInTransaction int // sv_idle_xact: linked, the client idle inside a transaction
 	ServersTotal             int // sv_total: open or being opened
+	ServersTested            int // sv_tested: running a health check
+
+	// HealthChecks: health checks run on idle server connections, at
+	// checkout or in the background; HealthCheckFailures: those that
+	// failed and closed their connection.
+	HealthChecks        uint64
+	HealthCheckFailures uint64
 
 	MaxWait time.Duration // maxwait: how long the oldest waiting client has waited
 
@@ -111,18 +118,21 @@ func (p *Pooler) PoolStats() []PoolStats {
 		settings := pool.settings.Load()
 		st := &PoolStats{
 			User: pool.key.user, Database: pool.key.database, Mode: settings.mode, Size: settings.size,
-			Transactions:       pool.stats.transactions.Load(),
-			Queries:            pool.stats.queries.Load(),
-			BytesReceived:      pool.stats.bytesReceived.Load(),
-			BytesSent:          pool.stats.bytesSent.Load(),
-			WaitTime:           time.Duration(pool.stats.waitNanos.Load()),
-			ServerConnections:  uint64(pool.stats.serverConnects.Load()),
-			CheckoutTimeouts:   uint64(pool.stats.checkoutTimeouts.Load()),
-			CheckoutWait:       pool.stats.checkoutWait.snapshot(),
-			ClientsPinned:      int(pool.stats.pinnedClients.Load()),
-			PreparedStatements: pool.statements.len(),
-			StatementParses:    pool.stats.statementParses.Load(),
-			StatementsEvicted:  pool.stats.statementsEvicted.Load(),
+			Transactions:        pool.stats.transactions.Load(),
+			Queries:             pool.stats.queries.Load(),
+			BytesReceived:       pool.stats.bytesReceived.Load(),
+			BytesSent:           pool.stats.bytesSent.Load(),
+			WaitTime:            time.Duration(pool.stats.waitNanos.Load()),
+			ServerConnections:   uint64(pool.stats.serverConnects.Load()),
+			CheckoutTimeouts:    uint64(pool.stats.checkoutTimeouts.Load()),
+			CheckoutWait:        pool.stats.checkoutWait.snapshot(),
+			ClientsPinned:       int(pool.stats.pinnedClients.Load()),
+			PreparedStatements:  pool.statements.len(),
+			StatementParses:     pool.stats.statementParses.Load(),
+			StatementsEvicted:   pool.stats.statementsEvicted.Load(),
+			ServersTested:       int(pool.stats.beingChecked.Load()),
+			HealthChecks:        pool.stats.healthChecks.Load(),
+			HealthCheckFailures: pool.stats.healthCheckFailures.Load(),
 		}
 		pool.mu.Lock()
 		st.ServersIdle = len(pool.idle)

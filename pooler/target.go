@@ -270,14 +270,6 @@ func serverDown(err error) bool {
 	return outcome == connectUnreachable
 }
 
-// cannotConnectNow reports whether err, from a connect, is Postgres saying
-// that it cannot take connections now (starting up or shutting down),
-// which clients hear with Postgres's own code, 57P03.
-func cannotConnectNow(err error) bool {
-	_, code := classifyConnect(err, false)
-	return code == sqlstateCannotConnectNow
-}
-
 // jittered returns a duration in [d/2, d).
 func jittered(d time.Duration) time.Duration {
 	half := d / 2

@@ -73,8 +73,12 @@ func (s *session) answerSSLRequest(state *runtimeState) error {
 		return err
 	}
 	conn := tls.Server(s.tcp, s.pooler.clientTLS)
-	// The login deadline set on s.tcp bounds the handshake.
-	if err := conn.Handshake(); err != nil {
+	// The login deadline set on s.tcp bounds the handshake, which is
+	// mostly a wait on the client (loginReader).
+	s.clientWaitBegin()
+	err := conn.Handshake()
+	s.clientWaitEnd()
+	if err != nil {
 		return &tlsHandshakeError{err: err}
 	}
 	s.wmu.Lock()
@@ -82,7 +86,8 @@ func (s *session) answerSSLRequest(state *runtimeState) error {
 	s.out = nil
 	s.wmu.Unlock()
 	s.encrypted = true
-	s.reader = wire.NewReader(conn, *s.bufRef, maxAuthMessageLen)
+	s.loginIn = loginReader{s, conn}
+	s.reader = wire.NewReader(&s.loginIn, *s.bufRef, maxAuthMessageLen)
 	return nil
 }
 

@@ -14,6 +14,10 @@ const maxInspectLen = 256
 // protocol does not allow.
 var ErrBadMessageLength = errors.New("invalid message length")
 
+// ErrMessageTooLarge is wrapped when a message is longer than the Scanner's
+// MaxLen.
+var ErrMessageTooLarge = errors.New("message too large")
+
 // Scanner follows the message boundaries of one direction of a Postgres
 // stream as it passes through in chunks of any size, without copying or
 // decoding the messages. It reports each message once its header (and, for
@@ -31,6 +35,11 @@ type Scanner struct {
 	// caller that holds back UnreportedLen bytes must make room for
 	// PendingLen of them. It takes precedence over Inspect. Set it once.
 	Whole func(typ byte, length int) bool
+	// MaxLen bounds a message's length as its header counts it (the body
+	// and the four bytes of the length word); a longer one is an error
+	// wrapping ErrMessageTooLarge. 0: MaxMessageLen, an error wrapping
+	// ErrBadMessageLength above it.
+	MaxLen int
 
 	hdr         [HeaderLen]byte
 	hdrLen      int // header bytes seen of the current message
@@ -98,6 +107,9 @@ func (s *Scanner) Next(chunk []byte, off int) (int, Message, bool, error) {
 		length := int(getUint32(s.hdr[1:]))
 		if length < 4 || length > MaxMessageLen {
 			return off, Message{}, false, fmt.Errorf("%w: %d for message type %q", ErrBadMessageLength, length, s.typ)
+		}
+		if s.MaxLen > 0 && length > s.MaxLen {
+			return off, Message{}, false, fmt.Errorf("%w: %d bytes for message type %q, at most %d", ErrMessageTooLarge, length, s.typ, s.MaxLen)
 		}
 		s.length = length - 4
 		s.remaining = s.length

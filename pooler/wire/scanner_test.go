@@ -494,6 +494,39 @@ func TestScannerBadLength(t *testing.T) {
 	}
 }
 
+// TestScannerMaxLen: a message whose length word is over MaxLen is an
+// error wrapping ErrMessageTooLarge, whichever chunk its header ends in;
+// one at MaxLen passes, and the messages before it are reported.
+func TestScannerMaxLen(t *testing.T) {
+	const maxLen = 1024
+	good := encode(t, &pgproto3.Query{String: "select 1"})
+	for _, length := range []uint32{maxLen + 1, maxLen + 5, MaxMessageLen} {
+		stream := binary.BigEndian.AppendUint32(append(append([]byte(nil), good...), MsgQuery), length)
+		for cut := 0; cut <= len(stream); cut++ {
+			s := Scanner{MaxLen: maxLen}
+			var err error
+			var msgs int
+			for _, chunk := range [][]byte{stream[:cut], stream[cut:]} {
+				for off := 0; off < len(chunk) && err == nil; {
+					var ok bool
+					if off, _, ok, err = s.Next(chunk, off); !ok {
+						break
+					}
+					msgs++
+				}
+			}
+			if !errors.Is(err, ErrMessageTooLarge) || msgs != 1 {
+				t.Fatalf("length %d cut at %d: %d messages, err %v; want 1 message, then ErrMessageTooLarge", length, cut, msgs, err)
+			}
+		}
+	}
+	s := Scanner{MaxLen: maxLen}
+	hdr := binary.BigEndian.AppendUint32([]byte{MsgCopyData}, maxLen)
+	if _, msg, ok, err := s.Next(hdr, 0); err != nil || !ok || msg.Length != maxLen-4 {
+		t.Fatalf("length MaxLen: %+v, %v, %v", msg, ok, err)
+	}
+}
+
 func TestScannerReset(t *testing.T) {
 	stream := backendStream(t)
 	s := Scanner{Inspect: inspectReadyForQuery}
