@@ -5,7 +5,7 @@ GO ?= go
 # A fresh shell may not have Go on PATH yet; the official tarball installs here.
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: build run test test-short test-auth-full fuzz bench bench-wave bench-pgbench fmt clean
+.PHONY: build run test test-short test-auth-full test-faults-full soak fuzz bench bench-wave bench-pgbench fmt clean
 
 build:
 	$(GO) build -o bin/pgtender ./cmd/pgtender
@@ -36,6 +36,21 @@ test-short:
 FUZZTIME ?= 10m
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) deploy/fuzz.sh
+
+# Issue 17's randomized client-kill test at full size: 100,000 transactions
+# (make test runs 4,000). About 5 minutes here.
+test-faults-full:
+	$(GO) test -count=1 -timeout 30m -run 'TestRandomClientKills' -v ./integration -args -kill-transactions=100000
+
+# Issue 17's soak: the pgtender binary under per-request logins, long-lived
+# clients with prepared statements and clients with their own settings, for
+# SOAK_MINUTES (default 30), sampling RSS, goroutines, open files and the
+# pool's gauges; it fails on any client error, on RSS growth under the
+# steady load, and on goroutines or files that do not settle after it. CI
+# runs a one-minute version.
+SOAK_MINUTES ?= 30
+soak:
+	$(GO) test -count=1 -timeout 0 -run '^TestSoak$$' -v ./integration -args -soak-minutes=$(SOAK_MINUTES)
 
 # Issue 4's wrong-password run at full size: 10,000 right and 10,000 wrong
 # logins per mode and pool state (make test runs 1,000 of each), and the

@@ -132,6 +132,7 @@ type General struct {
 	IdleTimeout                    Milliseconds `toml:"idle_timeout"`                                 // default 60000; 0 = idle server connections are kept
 	ServerLifetime                 Milliseconds `toml:"server_lifetime"`                              // default 86400000; 0 = unlimited
 	ShutdownTimeout                Milliseconds `toml:"shutdown_timeout"`                             // default 60000; 0 = do not wait for transactions
+	ShutdownReadinessDelay         Milliseconds `toml:"shutdown_readiness_delay"`                     // extension, default 0: /readyz fails this long before the drain begins
 	RollbackTimeout                Milliseconds `toml:"rollback_timeout"`                             // default 5000; at least 1
 	ClientWriteTimeout             Milliseconds `toml:"client_write_timeout"`                         // extension, default 60000; 0 = none
 	HealthcheckInterval            Milliseconds `toml:"healthcheck_interval"`                         // default 30000; 0 = no check at checkout

@@ -33,6 +33,7 @@ func TestDefaults(t *testing.T) {
 		{"idle_timeout", g.IdleTimeout, Milliseconds(60000)},
 		{"server_lifetime", g.ServerLifetime, Milliseconds(86400000)},
 		{"shutdown_timeout", g.ShutdownTimeout, Milliseconds(60000)},
+		{"shutdown_readiness_delay", g.ShutdownReadinessDelay, Milliseconds(0)},
 		{"rollback_timeout", g.RollbackTimeout, Milliseconds(5000)},
 		{"client_write_timeout", g.ClientWriteTimeout, Milliseconds(60000)},
 		{"healthcheck_interval", g.HealthcheckInterval, Milliseconds(30000)},
@@ -110,6 +111,7 @@ server_lifetime = 7
 shutdown_timeout = 8
 rollback_timeout = 9
 client_write_timeout = 10
+shutdown_readiness_delay = 19
 healthcheck_interval = 15
 healthcheck_timeout = 16
 idle_healthcheck_interval = 17
@@ -176,7 +178,8 @@ server_password = "alice_srvpw"
 		ConnectTimeout: 1, CheckoutTimeout: 2, ClientLoginTimeout: 3,
 		IdleTimeout: 6, ServerLifetime: 7,
 		ShutdownTimeout: 8, RollbackTimeout: 9, ClientWriteTimeout: 10, PassthroughReverifyInterval: 60000,
-		HealthcheckInterval: 15, HealthcheckTimeout: 16, IdleHealthcheckInterval: 17, IdleHealthcheckDelay: 18,
+		ShutdownReadinessDelay: 19,
+		HealthcheckInterval:    15, HealthcheckTimeout: 16, IdleHealthcheckInterval: 17, IdleHealthcheckDelay: 18,
 		MaxClientConnections: 11, MaxMessageSize: 2048, MaxLoginsInProgress: 12, LoginQueueTarget: 13, LoginQueueMaxAge: 14,
 		OpenMetricsHost:      "127.0.0.2",
 		OpenMetricsNamespace: "pgtender_",
@@ -190,7 +193,7 @@ server_password = "alice_srvpw"
 		t.Errorf("admin = %+v, want %+v", c.Admin, want)
 	}
 	wantDB := Database{Name: "app", Host: "db.internal", Port: 5433, DatabaseName: "app_prod",
-		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 53}
+		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 54}
 	if len(c.Databases) != 1 || c.Databases[0] != wantDB {
 		t.Errorf("databases = %+v, want [%+v]", c.Databases, wantDB)
 	}

@@ -80,6 +80,7 @@ func (l *loader) validateGeneral(g *General) {
 		{"idle_timeout", g.IdleTimeout, 0},
 		{"server_lifetime", g.ServerLifetime, 0},
 		{"shutdown_timeout", g.ShutdownTimeout, 0},
+		{"shutdown_readiness_delay", g.ShutdownReadinessDelay, 0},
 		{"passthrough_reverify_interval", g.PassthroughReverifyInterval, 0},
 		{"login_queue_target", g.LoginQueueTarget, 1},
 		{"login_queue_max_age", g.LoginQueueMaxAge, 0},

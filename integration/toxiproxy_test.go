@@ -35,11 +35,14 @@ var (
 func toxiproxyServerBinary(t testing.TB) string {
 	t.Helper()
 	toxiproxyOnce.Do(func() {
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			cache = os.TempDir()
+		// The user's cache directory, or the temporary one where there is
+		// none or it cannot be written (a user without a home).
+		dir := filepath.Join(os.TempDir(), "pgtender-test-tools", "toxiproxy-v2.5.0")
+		if cache, err := os.UserCacheDir(); err == nil {
+			if cached := filepath.Join(cache, "pgtender-test-tools", "toxiproxy-v2.5.0"); os.MkdirAll(cached, 0o755) == nil {
+				dir = cached
+			}
 		}
-		dir := filepath.Join(cache, "pgtender-test-tools", "toxiproxy-v2.5.0")
 		toxiproxyBinary = filepath.Join(dir, "toxiproxy-server")
 		if _, err := os.Stat(toxiproxyBinary); err == nil {
 			return

@@ -60,6 +60,9 @@ func (p *Pooler) Ready() (ready bool, reason string) {
 	if p.draining.Load() {
 		return false, "draining"
 	}
+	if p.unready.Load() {
+		return false, "shutting down: still serving until shutdown_readiness_delay has passed"
+	}
 	cfg := p.state.Load().cfg
 	var failures []string
 	for _, database := range cfg.Databases {
@@ -82,6 +85,12 @@ func (p *Pooler) Ready() (ready bool, reason string) {
 	sort.Strings(failures)
 	return false, "no configured database answers: " + strings.Join(failures, "; ")
 }
+
+// StopReadiness makes Ready report false from now on while the pooler
+// keeps serving: the head start a shutdown gives a load balancer or
+// Kubernetes to stop sending new connections before the listeners close
+// (shutdown_readiness_delay).
+func (p *Pooler) StopReadiness() { p.unready.Store(true) }
 
 // probeDatabases checks that each configured database's server answers the
 // protocol: it opens a TCP connection and sends SSLRequest, which Postgres

@@ -83,6 +83,7 @@ type Pooler struct {
 
 	clientCount      atomic.Int64
 	draining         atomic.Bool
+	unready          atomic.Bool     // StopReadiness was called: Ready is false, serving goes on
 	done             chan struct{}   // closed by Shutdown; stops background loops
 	ctx              context.Context // canceled by Shutdown; bounds background server connects
 	cancel           context.CancelFunc
@@ -228,6 +229,10 @@ func (p *Pooler) createConfiguredPools() {
 		p.poolFor(user.Name, user.Database)
 	}
 }
+
+// Config returns the running configuration (the last one loaded or
+// reloaded); the caller must not modify it.
+func (p *Pooler) Config() *config.Config { return p.state.Load().cfg }
 
 // Draining reports whether Shutdown has begun.
 func (p *Pooler) Draining() bool { return p.draining.Load() }

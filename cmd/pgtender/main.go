@@ -128,7 +128,7 @@ func run(args []string) int {
 				reload(p, log, *configPath, *usersPath)
 				continue
 			}
-			return drain(p, endpoints, log, sig, signals, cfg.General.ShutdownTimeout.Duration())
+			return drain(p, endpoints, log, sig, signals)
 		}
 	}
 }
@@ -155,10 +155,24 @@ func stopEndpoints(endpoints *metrics.Servers, log *zap.Logger) {
 	}
 }
 
-// drain shuts down gracefully, up to timeout; a second signal exits at once.
-// Shutdown marks the pooler draining (so /readyz answers 503) before it
-// closes the listening sockets.
-func drain(p *pooler.Pooler, endpoints *metrics.Servers, log *zap.Logger, sig os.Signal, signals chan os.Signal, timeout time.Duration) int {
+// drain shuts down gracefully; a second signal exits at once. With
+// shutdown_readiness_delay, /readyz answers 503 for that long while
+// pgtender goes on serving, so that a load balancer or Kubernetes stops
+// sending new connections before the listeners close; then Shutdown marks
+// the pooler draining and closes the listening sockets, and transactions
+// in flight have shutdown_timeout to finish. Both are read from the
+// running configuration, so a reload changes them.
+func drain(p *pooler.Pooler, endpoints *metrics.Servers, log *zap.Logger, sig os.Signal, signals chan os.Signal) int {
+	general := p.Config().General
+	delay, timeout := general.ShutdownReadinessDelay.Duration(), general.ShutdownTimeout.Duration()
+	if delay > 0 {
+		p.StopReadiness()
+		log.Info("shutting down: not ready, still serving for shutdown_readiness_delay", zap.String("signal", sig.String()), zap.Duration("shutdown_readiness_delay", delay))
+		if !waitOrSignal(delay, signals, log) {
+			endpoints.Close()
+			return 1
+		}
+	}
 	log.Info("draining: no new connections; transactions in flight may finish", zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", timeout))
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -181,6 +195,25 @@ func drain(p *pooler.Pooler, endpoints *metrics.Servers, log *zap.Logger, sig os
 			log.Warn("second signal: exiting at once", zap.String("signal", sig.String()))
 			endpoints.Close()
 			return 1
+		}
+	}
+}
+
+// waitOrSignal waits for d, and reports false if a second SIGTERM or
+// SIGINT came first (the caller exits at once).
+func waitOrSignal(d time.Duration, signals chan os.Signal, log *zap.Logger) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+			return true
+		case sig := <-signals:
+			if sig == syscall.SIGHUP {
+				continue
+			}
+			log.Warn("second signal: exiting at once", zap.String("signal", sig.String()))
+			return false
 		}
 	}
 }
