@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Health checks of idle server connections (Pool.checkedIfDue at checkout,
+// Health checks of idle server connections (Pool.checkAtCheckout at checkout,
 // Pool.takeForIdleCheck and Pool.checkIdle in the background), against
 // fake server connections that answer the empty query or stall.
 
@@ -35,10 +35,18 @@ func TestHealthCheckAtCheckout(t *testing.T) {
 		t.Fatalf("a connection released just now was checked (%d queries); it proved alive when its transaction ended", n)
 	}
 
+	// Due for a check: the fast path leaves it to Acquire, which checks it
+	// under the checkout's context.
 	provedAliveLongAgo(first)
-	sc := pool.TryAcquireIdle()
+	if sc := pool.TryAcquireIdle(); sc != nil {
+		t.Fatal("TryAcquireIdle handed out a connection due for a health check")
+	}
+	if n, idle := pc.queries.Load(), pool.snapshot().Idle; n != 0 || idle != 1 {
+		t.Fatalf("after TryAcquireIdle: %d queries, %d idle; want the connection left idle, unchecked", n, idle)
+	}
+	sc := mustAcquire(t, pool)
 	if sc != first {
-		t.Fatalf("TryAcquireIdle = %v, want the idle connection, which answers its check", sc)
+		t.Fatalf("Acquire = %v, want the idle connection, which answers its check", sc)
 	}
 	if n := pc.queries.Load(); n != 1 {
 		t.Fatalf("the server got %d queries, want 1 health check for a connection not proved alive for healthcheck_interval", n)
@@ -71,12 +79,80 @@ func TestHealthCheckAtCheckout(t *testing.T) {
 	pool.Release(second)
 }
 
+// TestFailedCheckoutCheckServesAWaiter: a client that waits for the pool
+// while another's checkout check runs gets the capacity the failed check
+// frees, not a checkout timeout.
+func TestFailedCheckoutCheckServesAWaiter(t *testing.T) {
+	pool, pc := answeringPool(t, poolSettings{size: 1, healthcheckInterval: time.Minute, healthcheckTimeout: 300 * time.Millisecond})
+	sc := mustAcquire(t, pool)
+	pool.Release(sc)
+	provedAliveLongAgo(sc)
+	pc.stalled.Store(true)
+	checking := make(chan acquired, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		got, err := pool.Acquire(ctx)
+		checking <- acquired{got, err}
+	}()
+	waitFor(t, "the checkout check to run", func() bool { return pool.stats.beingChecked.Load() == 1 })
+	waiter := goAcquire(t, pool, 5*time.Second)
+	// The waiter was first in line when the check failed: it gets the
+	// freed capacity (a new connection), and the checking client the
+	// connection once the waiter releases it.
+	w := <-waiter
+	if w.err != nil {
+		t.Fatalf("the waiting client: %v; want a connection opened with the failed check's capacity", w.err)
+	}
+	if w.sc == sc {
+		t.Fatal("the waiting client got the connection that failed its check")
+	}
+	pool.Release(w.sc)
+	c := <-checking
+	if c.err != nil || c.sc != w.sc {
+		t.Fatalf("the checking client: %v, %v; want the connection the waiter released", c.sc, c.err)
+	}
+	pool.Release(c.sc)
+}
+
+// TestCheckoutChecksAreBoundedByTheCheckout: dead idle connections cost a
+// client at most its checkout's deadline, however many there are.
+func TestCheckoutChecksAreBoundedByTheCheckout(t *testing.T) {
+	pool, pc := answeringPool(t, poolSettings{size: 3, healthcheckInterval: time.Minute, healthcheckTimeout: time.Hour})
+	conns := []*ServerConn{mustAcquire(t, pool), mustAcquire(t, pool), mustAcquire(t, pool)}
+	for _, sc := range conns {
+		pool.Release(sc)
+		provedAliveLongAgo(sc)
+	}
+	pc.stalled.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		sc, err := pool.Acquire(ctx)
+		if err == nil {
+			pool.Release(sc)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			// The checks ran out of the checkout's time one after the
+			// other; a new connection (which is not checked) served it.
+			t.Logf("served by a new connection after the checks failed")
+		}
+	case <-time.After(waitTimeout):
+		t.Fatal("a checkout with a 300 ms deadline was still checking dead connections after 10 s (healthcheck_timeout is an hour)")
+	}
+}
+
 func TestHealthCheckAtCheckoutTurnedOff(t *testing.T) {
 	pool, pc := answeringPool(t, poolSettings{size: 1, healthcheckTimeout: time.Second})
 	sc := mustAcquire(t, pool)
 	pool.Release(sc)
 	provedAliveLongAgo(sc)
-	if got := pool.TryAcquireIdle(); got != sc {
+	if got := mustAcquire(t, pool); got != sc {
 		t.Fatalf("TryAcquireIdle = %v, want the idle connection", got)
 	}
 	if n := pc.queries.Load(); n != 0 {

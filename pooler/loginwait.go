@@ -50,6 +50,11 @@ func (s *session) clientWaitBegin() {
 
 func (s *session) clientWaitEnd() { s.clientWaitSince.Store(0) }
 
+// endingStalled is clientWaitSince once endStalledLogins has decided to end
+// the login: not 0, so clientWaitBegin leaves it, and below any clock
+// reading, so it is never taken for a wait.
+const endingStalled = -1
+
 // endStalledLogins ends the logins that have been waiting on their clients
 // for at least waitedAtLeast, by putting their sockets' read deadline in
 // the past, and returns how many. The accept loops call it when every slot
@@ -60,14 +65,21 @@ func (p *Pooler) endStalledLogins(waitedAtLeast time.Duration) int {
 	now := int64(p.loginSlots.clock())
 	ended := 0
 	for _, s := range p.sessionList() {
+		if state := clientState(s.state.Load()); state != stateStartup && state != stateAuth {
+			continue // logged in, or past the stages that wait on the client
+		}
 		since := s.clientWaitSince.Load()
-		if since == 0 || s.loggedIn.Load() || time.Duration(now-(since-1)) < waitedAtLeast {
+		if since <= 0 || time.Duration(now-(since-1)) < waitedAtLeast {
 			continue
 		}
-		if s.endedStalled.CompareAndSwap(false, true) {
-			_ = s.tcp.SetReadDeadline(time.Now())
-			ended++
+		// Decided only if the login has not taken a step since the load:
+		// a step (clientWaitEnd) clears the mark, and then the swap fails.
+		if !s.clientWaitSince.CompareAndSwap(since, endingStalled) {
+			continue
 		}
+		s.endedStalled.Store(true)
+		_ = s.tcp.SetReadDeadline(time.Now())
+		ended++
 	}
 	if ended > 0 {
 		// Once per stall, as the shedding's line; the logins' own lines

@@ -145,48 +145,70 @@ func newPool(key poolKey, settings poolSettings, connect func(ctx context.Contex
 
 // TryAcquireIdle returns an idle server connection, or nil when none is
 // idle, without waiting. It is the fast path a client takes before it pays
-// for a deadline (a timer) to wait with.
+// for a deadline (a timer) to wait with. A connection due for a health
+// check (checkDue) is left to Acquire, whose checkout context bounds it.
 func (p *Pool) TryAcquireIdle() *ServerConn {
+	return p.tryAcquireIdle(nil)
+}
+
+// tryAcquireIdle takes idle connections from the most recently used until
+// one passes the peek (idleAndAlive) and, when due, a health check bounded
+// by ctx; it closes the others and gives their capacity to the first
+// waiter. With a nil ctx it checks nothing, and stops at a connection due
+// for a check.
+func (p *Pool) tryAcquireIdle(ctx context.Context) *ServerConn {
+	settings := p.settings.Load()
+	var now time.Time
+	if settings.healthcheckInterval > 0 {
+		now = time.Now()
+	}
 	p.mu.Lock()
 	for !p.closed && len(p.idle) > 0 {
 		n := len(p.idle)
 		sc := p.idle[n-1]
+		due := settings.healthcheckInterval > 0 && now.Sub(sc.aliveAt) >= settings.healthcheckInterval
+		if due && ctx == nil {
+			break
+		}
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		if sc.idleAndAlive() && p.checkedIfDue(sc) {
+		if sc.idleAndAlive() && (!due || p.checkAtCheckout(ctx, sc, settings.healthcheckTimeout)) {
 			p.stats.checkoutWait.observe(0)
 			return sc
 		}
 		sc.close()
 		p.mu.Lock()
 		p.total--
+		p.handOffCapacityLocked()
 	}
 	p.mu.Unlock()
 	return nil
 }
 
-// checkedIfDue reports whether sc, just taken from the idle list, may go to
-// a client: when it has not proved alive for healthcheck_interval, a health
-// check must pass first (PgBouncer's server_check_delay, PgDog's
-// healthcheck_interval). A connection that passes the peek (idleAndAlive)
-// may still be dead without a word: the network path, a NAT or a firewall
-// in between, or the host went away. The caller closes one that fails.
-func (p *Pool) checkedIfDue(sc *ServerConn) bool {
-	settings := p.settings.Load()
-	if settings.healthcheckInterval <= 0 || time.Since(sc.aliveAt) < settings.healthcheckInterval {
-		return true
+// checkAtCheckout health-checks sc, idle and not proved alive for
+// healthcheck_interval, before it goes to a client (PgBouncer's
+// server_check_delay, PgDog's healthcheck_interval): a connection that
+// passes the peek may still be dead without a word (the network path, a
+// NAT or a firewall in between, or the host went away). The check is
+// bounded by timeout and by ctx, the checkout's (checkout_timeout, the
+// client leaving or canceling, shutdown), so that several dead idle
+// connections cost a client no more than its checkout. The caller closes
+// one that fails.
+func (p *Pool) checkAtCheckout(ctx context.Context, sc *ServerConn, timeout time.Duration) bool {
+	if deadline, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(deadline))
 	}
-	// The checkout has no context of its own: the check is bounded by
-	// healthcheck_timeout, and a client that leaves meanwhile is found
-	// out by the relay, as after any checkout.
-	return p.healthCheck(context.Background(), sc, settings.healthcheckTimeout) == nil
+	return p.healthCheck(ctx, sc, timeout) == nil
 }
 
 // healthCheck runs sc's health check and counts it. On success sc has
 // proved alive now; on failure the caller closes it (its reply may be
 // half read).
 func (p *Pool) healthCheck(ctx context.Context, sc *ServerConn, timeout time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err // not a check: the caller is giving up (shutdown, a client gone)
+	}
 	p.stats.beingChecked.Add(1)
 	err := sc.check(ctx, timeout)
 	p.stats.beingChecked.Add(-1)
@@ -204,7 +226,7 @@ func (p *Pool) healthCheck(ctx context.Context, sc *ServerConn, timeout time.Dur
 // ctx ends and returns ErrCheckoutTimeout (or ErrPoolClosed) then.
 func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
 	for {
-		if sc := p.TryAcquireIdle(); sc != nil {
+		if sc := p.tryAcquireIdle(ctx); sc != nil {
 			return sc, nil
 		}
 		p.mu.Lock()
@@ -454,6 +476,10 @@ func (p *Pool) checkIdle(ctx context.Context, due []*ServerConn, timeout time.Du
 			defer checks.Done()
 			if errs[i] = p.healthCheck(ctx, sc, timeout); errs[i] != nil {
 				p.Discard(sc)
+				return
+			}
+			if lifetime := p.settings.Load().serverLifetime; lifetime > 0 && time.Since(sc.createdAt) > lifetime {
+				p.Discard(sc) // as Release does: it may go to a waiter next
 				return
 			}
 			p.putBack(sc, sc.idleSince)

@@ -495,8 +495,13 @@ func (sc *ServerConn) check(ctx context.Context, timeout time.Duration) error {
 		return err
 	}
 	stop := context.AfterFunc(ctx, func() { _ = sc.conn.SetDeadline(time.Now()) })
-	defer stop()
-	return sc.exec(healthCheckQuery, timeout)
+	err := sc.exec(healthCheckQuery, timeout)
+	if !stop() && err == nil {
+		// ctx ended as the check passed: its deadline in the past may be
+		// set on the connection any moment now, so it must not be used.
+		return ctx.Err()
+	}
+	return err
 }
 
 // errCopyWithoutClient: draining met a COPY that only the client could

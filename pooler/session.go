@@ -380,6 +380,7 @@ func (s *session) login() error {
 	}
 	s.loginIn = loginReader{s, s.conn}
 	s.reader = wire.NewReader(&s.loginIn, *s.bufRef, maxAuthMessageLen)
+	defer s.clientWaitEnd() // a login that ended waits on nobody
 
 	// A connection that closes before sending a byte (a TCP health check)
 	// is not a login.

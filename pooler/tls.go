@@ -76,11 +76,13 @@ func (s *session) answerSSLRequest(state *runtimeState) error {
 	// The login deadline set on s.tcp bounds the handshake, which is
 	// mostly a wait on the client (loginReader).
 	s.clientWaitBegin()
-	err := conn.Handshake()
-	s.clientWaitEnd()
-	if err != nil {
+	if err := conn.Handshake(); err != nil {
 		return &tlsHandshakeError{err: err}
 	}
+	// A step: a client with a long round trip takes several for the
+	// handshake, and must not be taken for a stalled one meanwhile.
+	s.pooler.loginSlots.progress()
+	s.clientWaitEnd()
 	s.wmu.Lock()
 	s.conn = conn
 	s.out = nil

@@ -128,7 +128,7 @@ func run(args []string) int {
 				reload(p, log, *configPath, *usersPath)
 				continue
 			}
-			return drain(p, endpoints, log, sig, signals)
+			return drain(p, endpoints, log, sig, signals, func() { reload(p, log, *configPath, *usersPath) })
 		}
 	}
 }
@@ -162,17 +162,16 @@ func stopEndpoints(endpoints *metrics.Servers, log *zap.Logger) {
 // the pooler draining and closes the listening sockets, and transactions
 // in flight have shutdown_timeout to finish. Both are read from the
 // running configuration, so a reload changes them.
-func drain(p *pooler.Pooler, endpoints *metrics.Servers, log *zap.Logger, sig os.Signal, signals chan os.Signal) int {
-	general := p.Config().General
-	delay, timeout := general.ShutdownReadinessDelay.Duration(), general.ShutdownTimeout.Duration()
-	if delay > 0 {
+func drain(p *pooler.Pooler, endpoints *metrics.Servers, log *zap.Logger, sig os.Signal, signals chan os.Signal, reload func()) int {
+	if delay := p.Config().General.ShutdownReadinessDelay.Duration(); delay > 0 {
 		p.StopReadiness()
 		log.Info("shutting down: not ready, still serving for shutdown_readiness_delay", zap.String("signal", sig.String()), zap.Duration("shutdown_readiness_delay", delay))
-		if !waitOrSignal(delay, signals, log) {
+		if !waitOrSignal(delay, signals, log, reload) {
 			endpoints.Close()
 			return 1
 		}
 	}
+	timeout := p.Config().General.ShutdownTimeout.Duration() // after the delay: a reload during it counts
 	log.Info("draining: no new connections; transactions in flight may finish", zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", timeout))
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -199,9 +198,10 @@ func drain(p *pooler.Pooler, endpoints *metrics.Servers, log *zap.Logger, sig os
 	}
 }
 
-// waitOrSignal waits for d, and reports false if a second SIGTERM or
-// SIGINT came first (the caller exits at once).
-func waitOrSignal(d time.Duration, signals chan os.Signal, log *zap.Logger) bool {
+// waitOrSignal waits for d, reloading on SIGHUP meanwhile (pgtender is
+// still serving), and reports false if a second SIGTERM or SIGINT came
+// first (the caller exits at once).
+func waitOrSignal(d time.Duration, signals chan os.Signal, log *zap.Logger, reload func()) bool {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
@@ -210,6 +210,7 @@ func waitOrSignal(d time.Duration, signals chan os.Signal, log *zap.Logger) bool
 			return true
 		case sig := <-signals:
 			if sig == syscall.SIGHUP {
+				reload()
 				continue
 			}
 			log.Warn("second signal: exiting at once", zap.String("signal", sig.String()))
