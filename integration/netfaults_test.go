@@ -192,3 +192,85 @@ func TestQueryTimeoutOnAStalledPath(t *testing.T) {
 	once.Do(restore)
 	eventuallyServed(t, ctx, tp, "a fresh server connection once the path is back")
 }
+
+// TestConnectTimeoutOnASlowPath: a path that delays every byte by more
+// than connect_timeout makes a new server connection fail within
+// connect_timeout with 08006, for a login that needs one (a cold pool
+// verifying a passthrough password) and for a request on a logged-in
+// client; once the delay is gone, service resumes.
+func TestConnectTimeoutOnASlowPath(t *testing.T) {
+	tp, proxy := proxiedPooler(t, joinLines(
+		"connect_timeout = 1000",
+		"idle_healthcheck_interval = 0",
+		"idle_timeout = 0",
+	), "pool_size = 2")
+	ctx, cancel := withTimeout(2 * time.Minute)
+	defer cancel()
+	// The pool's first connection, held in a transaction so that the next
+	// request needs a new one.
+	client := tp.connect(t, ctx)
+	if _, err := client.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.addToxic("postgres", "slow", "latency", "downstream", map[string]any{"latency": 3000})
+	slowed := true
+	defer func() {
+		if slowed {
+			proxy.removeToxic("postgres", "slow")
+		}
+	}()
+	start := time.Now()
+	other, err := tp.connectAs(ctx, appUser, appPassword, appDB)
+	if err == nil {
+		_, err = other.Exec(ctx, "SELECT 1")
+		other.Close(ctx)
+	}
+	elapsed := time.Since(start)
+	if code := sqlState(err); code != "08006" {
+		t.Fatalf("a request needing a new server connection over a path slower than connect_timeout: %v after %v, want 08006", err, elapsed)
+	}
+	t.Logf("a request needing a new server connection over a 3 s path failed after %v (connect_timeout 1 s): %s", elapsed.Round(10*time.Millisecond), errorMessage(err))
+
+	proxy.removeToxic("postgres", "slow")
+	slowed = false
+	eventuallyServed(t, ctx, tp, "service once the delay is gone")
+}
+
+// TestPathClosedMidRequest: the path to Postgres closing every connection
+// while a request runs (the proxy disabled: a middlebox that dropped them,
+// a Postgres host going away) ends that client's session with 08006 at
+// once, not when the request would have finished; once the path is back,
+// the next client is served on a fresh server connection.
+func TestPathClosedMidRequest(t *testing.T) {
+	tp, proxy := proxiedPooler(t, "idle_healthcheck_interval = 0", "pool_size = 2")
+	ctx, cancel := withTimeout(2 * time.Minute)
+	defer cancel()
+	client := tp.connect(t, ctx)
+	if _, err := client.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	result := make(chan error, 1)
+	go func() {
+		_, err := client.Exec(ctx, "SELECT pg_sleep(10)")
+		result <- err
+	}()
+	eventually(t, 10*time.Second, "the request to be running", func() bool { return appPoolStats(t, tp).ServersActive == 1 })
+	start := time.Now()
+	proxy.setEnabled("postgres", false)
+	var err error
+	select {
+	case err = <-result:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the request on a closed path did not end within 20 s")
+	}
+	elapsed := time.Since(start)
+	proxy.setEnabled("postgres", true)
+	if code := sqlState(err); code != "08006" {
+		t.Fatalf("the request on the closed path ended with %v after %v, want 08006 (server connection lost)", err, elapsed)
+	}
+	if elapsed > 5*time.Second {
+		t.Errorf("the request ended %v after the path closed, as if it had waited for its answer (pg_sleep(10)); want at once", elapsed)
+	}
+	t.Logf("the request on the closed path ended %v after it closed: %s", elapsed.Round(time.Millisecond), errorMessage(err))
+	eventuallyServed(t, ctx, tp, "service once the path is back")
+}

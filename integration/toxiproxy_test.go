@@ -162,6 +162,13 @@ func (tp *toxiproxy) removeToxic(proxy, name string) {
 	tp.call(http.MethodDelete, "/proxies/"+proxy+"/toxics/"+name, nil)
 }
 
+// setEnabled turns a proxy off (it closes every connection through it and
+// refuses new ones) or on again.
+func (tp *toxiproxy) setEnabled(proxy string, enabled bool) {
+	tp.t.Helper()
+	tp.call(http.MethodPost, "/proxies/"+proxy, map[string]any{"enabled": enabled})
+}
+
 // stall makes a proxy's stream carry nothing, without closing anything
 // (Toxiproxy's timeout toxic with timeout 0), as a network path that stopped
 // delivering: no error, no reset, no FIN.
