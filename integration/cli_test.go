@@ -16,31 +16,36 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var (
-	buildOnce   sync.Once
-	builtBinary string
-	buildErr    error
-)
+// builtBinaries holds the commands of this module built for the test run,
+// by package path.
+var builtBinaries sync.Map // string -> func() (string, error)
 
-// pgtenderBinary builds cmd/pgtender once per test run.
-func pgtenderBinary(t *testing.T) string {
+// goBinary builds the command at pkg (an import path of this module) once
+// per test run and returns the binary's path.
+func goBinary(t testing.TB, pkg string) string {
 	t.Helper()
-	buildOnce.Do(func() {
+	build, _ := builtBinaries.LoadOrStore(pkg, sync.OnceValues(func() (string, error) {
 		dir, err := os.MkdirTemp("", "pgtender-bin-")
 		if err != nil {
-			buildErr = err
-			return
+			return "", err
 		}
-		builtBinary = filepath.Join(dir, "pgtender")
-		out, err := exec.Command("go", "build", "-o", builtBinary, "github.com/pgtender/pgtender/cmd/pgtender").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		binary := filepath.Join(dir, filepath.Base(pkg))
+		if out, err := exec.Command("go", "build", "-o", binary, pkg).CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+		return binary, nil
+	}))
+	binary, err := build.(func() (string, error))()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return builtBinary
+	return binary
+}
+
+// pgtenderBinary builds cmd/pgtender once per test run.
+func pgtenderBinary(t testing.TB) string {
+	t.Helper()
+	return goBinary(t, "github.com/pgtender/pgtender/cmd/pgtender")
 }
 
 // TestCheckConfig runs --check-config on a broken and on a valid config.

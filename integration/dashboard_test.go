@@ -17,7 +17,7 @@ import (
 func TestDashboardAndAlertsNameExportedMetrics(t *testing.T) {
 	metricsPort := freePort(t)
 	pr := startProcessWith(t, processOptions{
-		general: fmt.Sprintf("openmetrics_port = %d\nopenmetrics_host = \"127.0.0.1\"\nopenmetrics_namespace = %q", metricsPort, namespace),
+		general: metricsGeneral(metricsPort),
 	})
 	// One login, so that the pool families have a series.
 	conn, err := pr.connect(t.Context())

@@ -25,24 +25,40 @@ import (
 // namespace is the openmetrics_namespace the metrics tests configure.
 const namespace = "pgtender_"
 
+// metricsGeneral is the [general] lines that serve pgtender's metrics on
+// loopback port, under the namespace the tests read.
+func metricsGeneral(port int) string {
+	return fmt.Sprintf("openmetrics_port = %d\nopenmetrics_host = \"127.0.0.1\"\nopenmetrics_namespace = %q", port, namespace)
+}
+
 // scrape fetches and parses a Prometheus text exposition.
 func scrape(t testing.TB, url string) map[string]*dto.MetricFamily {
 	t.Helper()
-	client := http.Client{Timeout: 5 * time.Second}
+	families, err := scrapeWithin(5*time.Second, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return families
+}
+
+// scrapeWithin is scrape with the error returned, the whole request bounded
+// by timeout.
+func scrapeWithin(timeout time.Duration, url string) (map[string]*dto.MetricFamily, error) {
+	client := http.Client{Timeout: timeout}
 	resp, err := client.Get(url)
 	if err != nil {
-		t.Fatalf("scrape %s: %v", url, err)
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("scrape %s: %s", url, resp.Status)
+		return nil, fmt.Errorf("scrape %s: %s", url, resp.Status)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		t.Fatalf("parse scrape of %s: %v", url, err)
+		return nil, fmt.Errorf("parse scrape of %s: %w", url, err)
 	}
-	return families
+	return families, nil
 }
 
 // sample returns the value of the metric name whose labels include all of

@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/pgtender/pgtender/internal/testpg"
 )
 
 // PgBouncer beside pgtender, for fault tests that compare the two in the
@@ -33,9 +31,10 @@ func pgbouncerBinary(t testing.TB) string {
 	return ""
 }
 
-// startPgBouncer runs PgBouncer in front of server's appDB with a pool of
+// startPgBouncer runs PgBouncer in front of appDB on the Postgres at
+// host:serverPort (a testpg.Server's, or a proxy in front of it) with a pool of
 // poolSize until the end of the test and returns the address it listens on.
-func startPgBouncer(t testing.TB, server *testpg.Server, poolSize int) string {
+func startPgBouncer(t testing.TB, host string, serverPort, poolSize int) string {
 	t.Helper()
 	bin := pgbouncerBinary(t)
 	// Not t.TempDir: its mode keeps the postgres user out.
@@ -64,7 +63,7 @@ log_connections = 0
 log_disconnections = 0
 log_stats = 0
 logfile = %[7]s
-`, appDB, server.Host, server.Port, port, filepath.Join(dir, "userlist.txt"), poolSize, filepath.Join(dir, "pgbouncer.log"))
+`, appDB, host, serverPort, port, filepath.Join(dir, "userlist.txt"), poolSize, filepath.Join(dir, "pgbouncer.log"))
 	for name, content := range map[string]string{
 		"pgbouncer.ini": ini,
 		"userlist.txt":  fmt.Sprintf("%q %q\n", appUser, appPassword),

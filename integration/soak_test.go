@@ -46,9 +46,8 @@ func TestSoak(t *testing.T) {
 	duration := time.Duration(*soakMinutes * float64(time.Minute))
 	metricsPort := freePort(t)
 	pr := startProcessWith(t, processOptions{
-		general: fmt.Sprintf("openmetrics_port = %d\nopenmetrics_host = \"127.0.0.1\"\nopenmetrics_namespace = %q\nlog_connections = false\nlog_disconnections = false",
-			metricsPort, namespace),
-		pool: "pool_size = 8",
+		general: metricsGeneral(metricsPort) + "\nlog_connections = false\nlog_disconnections = false",
+		pool:    "pool_size = 8",
 	})
 	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
 	ctx, cancel := context.WithTimeout(context.Background(), duration+5*time.Minute)

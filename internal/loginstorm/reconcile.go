@@ -407,3 +407,43 @@ func writeReconciliation(out io.Writer, rows []ReconcileRow) {
 		fmt.Fprintln(out)
 	}
 }
+
+// SumCounts adds up the counts of summaries of runs against one server that
+// overlapped in time (several generator processes, for more connections
+// than one process may open), so that Reconcile can compare them with the
+// server's counters over the whole. Only counts are summed: latencies,
+// rates, the gate and the settings of the result are zero.
+func SumCounts(summaries ...Summary) Summary {
+	total := Summary{
+		Failed: map[Class]int64{}, RefusedBySQL: map[string]int64{}, AbandonedStage: map[Stage]int64{},
+		TimeoutStage: map[Stage]int64{}, Unanswered: map[Reach]int64{},
+	}
+	for _, s := range summaries {
+		total.Planned += s.Planned
+		total.OnTime += s.OnTime
+		total.Late += s.Late
+		total.Abandoned += s.Abandoned
+		total.WrongRefused += s.WrongRefused
+		total.LoggedIn += s.LoggedIn
+		addCounts(total.Failed, s.Failed)
+		addCounts(total.RefusedBySQL, s.RefusedBySQL)
+		addCounts(total.AbandonedStage, s.AbandonedStage)
+		addCounts(total.TimeoutStage, s.TimeoutStage)
+		addCounts(total.Unanswered, s.Unanswered)
+		if s.Held != nil {
+			if total.Held == nil {
+				total.Held = &HoldSummary{}
+			}
+			total.Held.Wanted += s.Held.Wanted
+			total.Held.Opened += s.Held.Opened
+			total.Held.Failed += s.Held.Failed
+		}
+	}
+	return total
+}
+
+func addCounts[K comparable](into, from map[K]int64) {
+	for key, count := range from {
+		into[key] += count
+	}
+}

@@ -294,3 +294,30 @@ func TestScrapeSettledWaitsForTheServer(t *testing.T) {
 		t.Fatalf("%+v %v after %s", got, err, time.Since(start))
 	}
 }
+
+// TestSumCountsReconcilesAsOne splits TestReconcileOverload's run between
+// two generators: their summed counts reconcile with the server's as the
+// single run's did.
+func TestSumCountsReconcilesAsOne(t *testing.T) {
+	first := Summary{Planned: 6000, LoggedIn: 5000, Failed: map[Class]int64{ClassConnect: 368, ClassTimeout: 632},
+		TimeoutStage: map[Stage]int64{StageAuth: 200, StageQuery: 432},
+		Unanswered:   map[Reach]int64{ReachSent: 150, ReachPassword: 50, ReachConnect: 368}}
+	second := Summary{Planned: 6650, LoggedIn: 5576, Failed: map[Class]int64{ClassConnect: 1000, ClassTimeout: 7629},
+		TimeoutStage: map[Stage]int64{StageAuth: 506, StageQuery: 7123},
+		Unanswered:   map[Reach]int64{ReachSent: 426, ReachPassword: 80, ReachConnect: 1000},
+		Held:         &HoldSummary{Wanted: 3, Opened: 3}}
+	whole := SumCounts(first, second)
+	if whole.Planned != 12650 || whole.LoggedIn != 10576 || whole.Failed[ClassTimeout] != 8261 ||
+		whole.Unanswered[ReachSent] != 576 || whole.TimeoutStage[StageAuth] != 706 || whole.Held.Opened != 3 {
+		t.Fatalf("summed %+v", whole)
+	}
+	before, after := counters(map[string]float64{"ok": 10580 + 3}, map[string]float64{"auth": 111, "ready": 126})
+	rows := rowsByName(t, Reconcile(whole, 3, before, after))
+	checkRow(t, rows, rowOK, 10580+3, 10706+3, true)
+	checkRow(t, rows, rowAbReady, 126, 130, true)
+	checkRow(t, rows, rowAbAuth, 111, 706, true)
+	// One generator's counts alone do not explain the server's.
+	if rows := rowsByName(t, Reconcile(first, 0, before, after)); rows[rowOK].Match {
+		t.Errorf("one generator's counts matched the whole run's: %+v", rows[rowOK])
+	}
+}
