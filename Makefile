@@ -39,11 +39,12 @@ fuzz:
 
 # Issue 17's fault runs at full size: the randomized client-kill test at
 # 100,000 transactions (make test runs 4,000), and Postgres stopped and
-# started and its server connections terminated, with PgBouncer beside
+# started and its server connections terminated, and the network faults
+# through Toxiproxy, with PgBouncer beside
 # pgtender in the same run (needs Debian's pgbouncer). About 5 minutes on
 # a quiet machine, more on a loaded one.
 test-faults-full:
-	$(GO) test -count=1 -timeout 30m -run 'TestRandomClientKills|TestPostgresStopsAndStarts|TestServerConnectionsTerminated' -v ./integration -args -kill-transactions=100000 -faults-pgbouncer
+	$(GO) test -count=1 -timeout 30m -run 'TestRandomClientKills|TestPostgresStopsAndStarts|TestServerConnectionsTerminated|OnAStalledPath|OnASlowPath|TestPathClosedMidRequest|TestNetworkFaultsPgBouncer' -v ./integration -args -kill-transactions=100000 -faults-pgbouncer
 
 # Issue 17's overload wave: three times the closed-loop login capacity,
 # open loop, from two loginstorm processes with up to 20,000 logins

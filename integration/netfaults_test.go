@@ -75,6 +75,8 @@ func openServerConnections(t *testing.T, ctx context.Context, tp *testPooler, n 
 // eventuallyServed waits until a new client's SELECT 1 succeeds.
 func eventuallyServed(t *testing.T, ctx context.Context, tp *testPooler, what string) {
 	t.Helper()
+	start := time.Now()
+	defer func() { t.Logf("%s: first success after %v", what, time.Since(start).Round(time.Millisecond)) }()
 	eventually(t, 30*time.Second, what, func() bool {
 		c, err := tp.connectAs(ctx, appUser, appPassword, appDB)
 		if err != nil {

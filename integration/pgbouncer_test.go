@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -34,7 +35,8 @@ func pgbouncerBinary(t testing.TB) string {
 // startPgBouncer runs PgBouncer in front of appDB on the Postgres at
 // host:serverPort (a testpg.Server's, or a proxy in front of it) with a pool of
 // poolSize until the end of the test and returns the address it listens on.
-func startPgBouncer(t testing.TB, host string, serverPort, poolSize int) string {
+// Each of settings is a line of its [pgbouncer] section.
+func startPgBouncer(t testing.TB, host string, serverPort, poolSize int, settings ...string) string {
 	t.Helper()
 	bin := pgbouncerBinary(t)
 	// Not t.TempDir: its mode keeps the postgres user out.
@@ -63,7 +65,8 @@ log_connections = 0
 log_disconnections = 0
 log_stats = 0
 logfile = %[7]s
-`, appDB, host, serverPort, port, filepath.Join(dir, "userlist.txt"), poolSize, filepath.Join(dir, "pgbouncer.log"))
+`, appDB, host, serverPort, port, filepath.Join(dir, "userlist.txt"), poolSize, filepath.Join(dir, "pgbouncer.log")) +
+		strings.Join(settings, "\n")
 	for name, content := range map[string]string{
 		"pgbouncer.ini": ini,
 		"userlist.txt":  fmt.Sprintf("%q %q\n", appUser, appPassword),
