@@ -14,6 +14,7 @@ import (
 type Source interface {
 	PoolStats() []pooler.PoolStats
 	ClientCount() int64
+	ClientParking() pooler.ClientParking
 	ListenSockets() []pooler.ListenSocket
 	PassthroughVerifications() pooler.PassthroughVerifications
 	CancelRequests() pooler.CancelRequests
@@ -48,6 +49,8 @@ type Collector struct {
 	pool          []poolMetric
 	checkoutWait  *prometheus.Desc
 	clients       *prometheus.Desc
+	parked, parks *prometheus.Desc
+	parkReleases  *prometheus.Desc
 	verifications *prometheus.Desc
 	cancels       *prometheus.Desc
 	timeouts      *prometheus.Desc
@@ -137,6 +140,12 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 		checkoutWait: desc("checkout_wait_seconds",
 			"Time a client waited for a server connection, per checkout (a connection taken at once falls in the first bucket)."),
 		clients: prometheus.NewDesc(namespace+"clients", "Client connections open, logged in or not.", nil, nil),
+		parked: prometheus.NewDesc(namespace+"clients_parked",
+			"Logged-in clients idle with no server connection that pgtender holds without a goroutine of their own (parked), part of clients.", nil, nil),
+		parks: prometheus.NewDesc(namespace+"client_parks_total",
+			"Times an idle client was parked; each request of a parked client resumes it.", nil, nil),
+		parkReleases: prometheus.NewDesc(namespace+"client_park_memory_releases_total",
+			"Times the memory that parked clients' goroutines freed was returned to the operating system (a forced collection), after many clients parked.", nil, nil),
 		verifications: prometheus.NewDesc(namespace+"passthrough_verifications_total",
 			"What the passthrough registry did with a password it had not verified: a round trip to Postgres (result ok, rejected, error), "+
 				"none because a failed-verification limit was reached (throttled), or a refusal from the negative cache (cached_rejection).",
@@ -194,6 +203,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- c.checkoutWait
 	ch <- c.clients
+	ch <- c.parked
+	ch <- c.parks
+	ch <- c.parkReleases
 	ch <- c.verifications
 	ch <- c.cancels
 	ch <- c.timeouts
@@ -209,6 +221,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.clients, prometheus.GaugeValue, float64(c.source.ClientCount()))
+	parking := c.source.ClientParking()
+	ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(parking.Parked))
+	ch <- prometheus.MustNewConstMetric(c.parks, prometheus.CounterValue, float64(parking.Parks))
+	ch <- prometheus.MustNewConstMetric(c.parkReleases, prometheus.CounterValue, float64(parking.MemoryReleases))
 	c.collectPools(ch)
 	c.collectVerifications(ch)
 	c.collectCancels(ch)

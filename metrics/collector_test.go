@@ -22,6 +22,7 @@ type fakeSource struct {
 	mu            sync.Mutex
 	pools         []pooler.PoolStats
 	clients       int64
+	parking       pooler.ClientParking
 	sockets       []pooler.ListenSocket
 	verifications pooler.PassthroughVerifications
 	cancels       pooler.CancelRequests
@@ -46,6 +47,12 @@ func (f *fakeSource) ClientCount() int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.clients
+}
+
+func (f *fakeSource) ClientParking() pooler.ClientParking {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.parking
 }
 
 func (f *fakeSource) PassthroughVerifications() pooler.PassthroughVerifications {
@@ -121,7 +128,7 @@ func samplePools() []pooler.PoolStats {
 }
 
 func TestCollectorPools(t *testing.T) {
-	source := &fakeSource{pools: samplePools(), clients: 42}
+	source := &fakeSource{pools: samplePools(), clients: 42, parking: pooler.ClientParking{Parked: 30, Parks: 77, MemoryReleases: 3}}
 	collector := NewCollector("pgdog_", source, nil)
 	collector.netstatPath = "/nonexistent" // kernel figures are tested on their own
 	registry := prometheus.NewRegistry()
@@ -133,6 +140,22 @@ func TestCollectorPools(t *testing.T) {
 	}
 	if typ := typeOf(t, families, "pgdog_clients"); typ != dto.MetricType_GAUGE {
 		t.Errorf("clients is a %s, want a gauge", typ)
+	}
+	for _, c := range []struct {
+		name string
+		typ  dto.MetricType
+		want float64
+	}{
+		{"pgdog_clients_parked", dto.MetricType_GAUGE, 30},
+		{"pgdog_client_parks_total", dto.MetricType_COUNTER, 77},
+		{"pgdog_client_park_memory_releases_total", dto.MetricType_COUNTER, 3},
+	} {
+		if v := value(t, families, c.name, nil); v != c.want {
+			t.Errorf("%s = %v, want %v", c.name, v, c.want)
+		}
+		if typ := typeOf(t, families, c.name); typ != c.typ {
+			t.Errorf("%s is a %s, want a %s", c.name, typ, c.typ)
+		}
 	}
 	app := labels("user", "app", "database", "shop")
 	for _, c := range []struct {

@@ -89,7 +89,11 @@ func (r *clientReader) read(long []byte, at int) ([]byte, int, error) {
 		return buf, n, err
 	}
 	r.long, r.at, r.n, r.err = long, at, 0, nil
-	if err := r.raw.Read(r.attempt); err != nil {
+	err := r.raw.Read(r.attempt)
+	if r.s.waitingIdle.Load() {
+		r.s.waitingIdle.Store(false)
+	}
+	if err != nil {
 		return long, 0, err // the poller's: a closed socket, a deadline
 	}
 	if r.err != nil {
@@ -122,7 +126,11 @@ func (r *clientReader) readOnce(fd uintptr) bool {
 			continue
 		case errno == unix.EAGAIN:
 			if r.long == nil && r.at == 0 {
+				// Waiting with nothing held: the buffer goes back, and
+				// the wait may become a parking (park.go).
 				r.release()
+				r.s.idleWaits.Add(1)
+				r.s.waitingIdle.Store(true)
 			}
 			return false
 		default:

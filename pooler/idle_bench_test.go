@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/pgtender/pgtender/config"
 )
 
@@ -29,27 +31,71 @@ func BenchmarkIdleClientMemory(b *testing.B) {
 	})
 	client := newRawClient(b, h.p.Addr().String())
 	client.loginAndQuery(b).Close() // the first login verifies the password
-	settle := func() runtime.MemStats {
-		time.Sleep(100 * time.Millisecond) // the sessions reach their idle read
+	settle := func(clients int) runtime.MemStats {
+		// The sessions reach their idle read, and the parker's sweeps
+		// park them (park.go): within two sweep intervals.
+		time.Sleep(100 * time.Millisecond)
+		for deadline := time.Now().Add(10 * time.Second); h.p.ClientParking().Parked < int64(clients) && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
 		runtime.GC()
 		runtime.GC()
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
 		return m
 	}
-	before := settle()
+	before := settle(0)
 	conns := make([]net.Conn, 0, b.N)
 	b.ResetTimer()
 	for range b.N {
 		conns = append(conns, client.loginAndQuery(b))
 	}
 	b.StopTimer()
-	after := settle()
+	after := settle(len(conns))
 	perClient := func(after, before uint64) float64 { return (float64(after) - float64(before)) / float64(len(conns)) }
 	b.ReportMetric(perClient(after.HeapAlloc, before.HeapAlloc), "heap-B/client")
 	b.ReportMetric(perClient(after.StackInuse, before.StackInuse), "stack-B/client")
 	b.ReportMetric(perClient(after.HeapInuse+after.StackInuse, before.HeapInuse+before.StackInuse), "inuse-B/client")
+	b.ReportMetric(float64(h.p.ClientParking().Parked)/float64(len(conns)), "parked/client")
 	for _, c := range conns {
 		c.Close()
+	}
+}
+
+// BenchmarkParkedClientQuery is BenchmarkRelaySimpleQuery's round trip
+// made by a client that was parked before each one (parked): the cost a
+// client pays on its first request after a pause, on top of the relay's
+// (its session resumed on a new goroutine, the socket taken off the
+// parker's set). The wait for each parking is not timed; stopping and
+// starting the timer costs something of its own, so the same round trip
+// with the timer stopped and started the same way but no parking
+// (not-parked) is what to compare with.
+func BenchmarkParkedClientQuery(b *testing.B) {
+	for _, parked := range []bool{true, false} {
+		name := map[bool]string{true: "parked", false: "not-parked"}[parked]
+		b.Run(name, func(b *testing.B) {
+			sweep := time.Millisecond
+			if !parked {
+				sweep = time.Hour
+			}
+			h := newHarnessSetup(b, nil, nil, zap.NewNop(), func(p *Pooler) { p.parkTuning = parkTuning{sweep: sweep} })
+			round := simpleQueryRound(b, h)
+			round()
+			parks := h.p.ClientParking().Parks
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				for deadline := time.Now().Add(5 * time.Second); parked && h.p.ClientParking().Parks == parks; {
+					if time.Now().After(deadline) {
+						b.Fatal("the client was not parked within 5 s")
+					}
+					time.Sleep(100 * time.Microsecond)
+				}
+				parks = h.p.ClientParking().Parks
+				b.StartTimer()
+				round()
+			}
+		})
 	}
 }

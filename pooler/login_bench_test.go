@@ -132,6 +132,18 @@ func (r *backendReader) readUntil(t testing.TB, conn net.Conn, last byte) {
 	}
 }
 
+// simpleQueryRound connects a raw client to h and returns one round trip
+// of SELECT 1 on it, up to its ReadyForQuery.
+func simpleQueryRound(b *testing.B, h *harness) func() {
+	conn, _ := h.rawConnect()
+	query := wire.AppendQuery(nil, "SELECT 1")
+	in := &backendReader{buf: make([]byte, 4096)}
+	return func() {
+		mustWrite(b, conn, query)
+		in.readUntil(b, conn, 'Z')
+	}
+}
+
 // BenchmarkRelaySimpleQuery is one simple-query transaction (SELECT 1)
 // through the relay of a logged-in transaction-mode session: a checkout,
 // the query forwarded, the reply relayed, the server connection released.
@@ -141,13 +153,7 @@ func (r *backendReader) readUntil(t testing.TB, conn net.Conn, last byte) {
 //	go test -run '^$' -bench RelaySimpleQuery -benchmem -memprofile mem.out ./pooler
 func BenchmarkRelaySimpleQuery(b *testing.B) {
 	h := newHarnessQuiet(b, nil)
-	conn, _ := h.rawConnect()
-	query := wire.AppendQuery(nil, "SELECT 1")
-	in := &backendReader{buf: make([]byte, 4096)}
-	round := func() {
-		mustWrite(b, conn, query)
-		in.readUntil(b, conn, 'Z')
-	}
+	round := simpleQueryRound(b, h)
 	round()
 	b.ReportAllocs()
 	b.ResetTimer()

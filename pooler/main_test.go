@@ -123,11 +123,21 @@ func newHarnessWith(t testing.TB, mutate func(*config.Config), recorder LoginRec
 // newHarnessLogger is newHarnessWith logging to log; its logs field is nil.
 func newHarnessLogger(t testing.TB, mutate func(*config.Config), recorder LoginRecorder, log *zap.Logger) *harness {
 	t.Helper()
+	return newHarnessSetup(t, mutate, recorder, log, nil)
+}
+
+// newHarnessSetup is newHarnessLogger with setup, when not nil, called on
+// the pooler before it serves (for the unexported knobs tests turn).
+func newHarnessSetup(t testing.TB, mutate func(*config.Config), recorder LoginRecorder, log *zap.Logger, setup func(*Pooler)) *harness {
+	t.Helper()
 	fake := newFakePG(t, serverPassword)
 	cfg := testConfig(fake, mutate)
 	p, err := New(cfg, log, recorder)
 	if err != nil {
 		t.Fatalf("New: %v", err)
+	}
+	if setup != nil {
+		setup(p)
 	}
 	if err := p.Listen(); err != nil {
 		t.Fatalf("Listen: %v", err)

@@ -81,6 +81,10 @@ type Pool struct {
 	// validSettings are the startup settings Postgres accepted
 	// (checkStartupSettings).
 	validSettings validSettings
+	// sharedSettings are canonical startup settings built recently, which
+	// the sessions that asked for the same ones share (sharedStartup-
+	// Settings).
+	sharedSettings sharedSettings
 	// customNames are the custom parameters ("app.tenant") any client of
 	// the pool was seen to set (customSettings).
 	customNames customSettings

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,13 @@ type Pooler struct {
 	connectSlots chan struct{} // semaphore of maxConcurrentServerConnects
 	cancelSlots  chan struct{} // semaphore of maxConcurrentCancels
 	loginSlots   *loginSlots   // login admission control (admission.go)
+	// parker holds idle clients without a goroutine (park.go); nil before
+	// Serve, or when its epoll set could not be made. Set by Serve before
+	// the accept loops start.
+	parker atomic.Pointer[parker]
+	// parkTuning is the parker's, for tests; zero fields take the
+	// defaults (park.go). Read by Serve.
+	parkTuning parkTuning
 
 	clientCount      atomic.Int64
 	draining         atomic.Bool
@@ -204,6 +212,13 @@ func (p *Pooler) Serve() error {
 		return errors.New("pooler: Serve called before Listen")
 	}
 	p.serveStarted.Store(true)
+	if pk, err := newParker(p, p.parkTuning); err != nil {
+		p.log.Warn("idle clients will not be parked: the parker's epoll set could not be made", zap.Error(err))
+	} else {
+		p.parker.Store(pk)
+		p.wg.Add(1)
+		go pk.run()
+	}
 	p.createConfiguredPools()
 	for i, l := range p.listeners {
 		p.wg.Add(1)
@@ -248,6 +263,9 @@ func (p *Pooler) Shutdown(ctx context.Context) error {
 		}
 		close(p.done)
 		p.cancel()
+		if pk := p.parker.Load(); pk != nil {
+			pk.stop() // parked sessions are ended below (closeSocket resumes them)
+		}
 	})
 	for _, s := range p.sessionList() {
 		s.endIfIdle()
@@ -288,9 +306,14 @@ wait:
 }
 
 func (p *Pooler) sessionList() []*session {
+	return p.appendSessions(nil)
+}
+
+// appendSessions appends every session to list and returns it.
+func (p *Pooler) appendSessions(list []*session) []*session {
 	p.sessionsMu.Lock()
 	defer p.sessionsMu.Unlock()
-	list := make([]*session, 0, len(p.sessions))
+	list = slices.Grow(list, len(p.sessions))
 	for _, s := range p.sessions {
 		list = append(list, s)
 	}
@@ -303,16 +326,13 @@ func (p *Pooler) sessionCount() int {
 	return len(p.sessions)
 }
 
-// serveConn runs one client session on its own goroutine.
+// serveConn runs one client session on its own goroutine. The p.wg count
+// the accept loop added for it is the session's, not the goroutine's: a
+// session that parks keeps it until it ends (session.endUnlessParked).
 func (p *Pooler) serveConn(conn *net.TCPConn) {
-	defer p.wg.Done()
 	s := newSession(p, conn)
 	p.registerSession(s)
 	p.clientCount.Add(1)
-	defer func() {
-		p.clientCount.Add(-1)
-		p.unregisterSession(s)
-	}()
 	s.serve()
 }
 

@@ -31,8 +31,7 @@ func (f *statementsFixture) session() *session {
 	s := &session{pool: f.pool, mode: config.PoolerModeTransaction, renaming: true,
 		statements: make(map[string]*preparedStatement), serial: sessionSerials.Add(1)}
 	s.link.reset()
-	s.scanner.Inspect = inspectClientMessage
-	s.scanner.Whole = wholeClientMessage
+	s.takeScanner()
 	return s
 }
 

@@ -29,9 +29,18 @@ import (
 // or inside a message body.
 func (s *session) relay() error {
 	s.in.init(s)
+	s.takeScanner()
 	buf := *s.bufRef
 	leftover := copy(buf, s.reader.Buffered())
 	s.reader = nil
+	return s.relayLoop(buf, leftover)
+}
+
+// relayLoop is relay's loop, from buf[:leftover] (bytes already read) or,
+// when leftover is 0, from the next read of the client. It returns
+// errParked when the session parked (park.go): resume calls it again, with
+// nothing held, once the client's socket turns readable.
+func (s *session) relayLoop(buf []byte, leftover int) error {
 	carried := 0    // bytes of a partial header kept at buf[:carried]
 	var long []byte // while a message longer than the pooled buffer arrives: buf
 	for {
@@ -46,6 +55,10 @@ func (s *session) relay() error {
 					// The bound on a client idle in a transaction.
 					if expired := s.idleInTransactionExpired(); expired != nil {
 						return expired
+					}
+					// Or the sweep's wake-up of an idle session.
+					if carried == 0 && long == nil && s.parkIfAsked() {
+						return errParked
 					}
 					continue
 				}
@@ -367,6 +380,30 @@ func (s *session) beginText(msg wire.Message) {
 // holds one only while a text passes, so an idle session does not hold one
 // (docs/pooling.md, "What an idle client holds").
 var sqlScanners = sync.Pool{New: func() any { return new(sqlscan.Scanner) }}
+
+// clientScanners holds the client-stream framing scanners of sessions
+// whose relay loop is not running: a parked session holds none.
+var clientScanners = sync.Pool{New: func() any { return new(wire.Scanner) }}
+
+// takeScanner gives s a framing scanner for its client stream, set for its
+// mode: in transaction mode, statements renamed, and the unnamed one
+// prepared again on another server connection, need their messages whole.
+func (s *session) takeScanner() {
+	scanner := clientScanners.Get().(*wire.Scanner)
+	*scanner = wire.Scanner{Inspect: inspectClientMessage, MaxLen: s.maxMessageLen}
+	if s.mode == config.PoolerModeTransaction {
+		scanner.Whole = wholeClientMessage
+	}
+	s.scanner = scanner
+}
+
+// returnScanner gives s's scanner back, if it holds one.
+func (s *session) returnScanner() {
+	if s.scanner != nil {
+		clientScanners.Put(s.scanner)
+		s.scanner = nil
+	}
+}
 
 // feedText passes the next bytes of the body of the Query or Parse being
 // followed to the SQL scanner and, once the whole body has passed, takes

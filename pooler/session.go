@@ -118,6 +118,18 @@ type session struct {
 	// for it (Pooler.endStalledLogins).
 	clientWaitSince atomic.Int64
 	endedStalled    atomic.Bool
+	// Parking (park.go). waitingIdle: the serve goroutine waits for the
+	// client with nothing held (clientReader.readOnce sets it, read clears
+	// it); idleWaits counts those waits, and idleWaitsSeen is its value at
+	// the previous sweep (owned by the sweep), so that a session that
+	// waited throughout an interval is told from one that waits often.
+	// parkAsked: the sweep asked the session to park. parked: the session
+	// is parked; whoever moves it from true to false owns the session.
+	waitingIdle   atomic.Bool
+	idleWaits     atomic.Uint32
+	idleWaitsSeen uint32
+	parkAsked     atomic.Bool
+	parked        atomic.Bool
 
 	// Owned by the serve goroutine.
 	// bufRef is the pooled read buffer, returned at close; after login
@@ -128,7 +140,12 @@ type session struct {
 	// so that handing it to the reader allocates nothing.
 	loginIn loginReader
 	in      clientReader // after login
-	scanner wire.Scanner // client stream, after login
+	// scanner follows the client stream while the relay loop runs: taken
+	// from clientScanners by takeScanner, given back when the session
+	// parks or ends (a parked session is between messages, so its scanner
+	// holds nothing). maxMessageLen is its MaxLen, set at login.
+	scanner       *wire.Scanner
+	maxMessageLen int
 	// The text of the Query or Parse being relayed is followed by sql as
 	// it passes (feedText): textLeft bytes of its body are still to come.
 	// sql is taken from sqlScanners by beginText and given back when the
@@ -290,7 +307,6 @@ func newSession(p *Pooler, conn *net.TCPConn) *session {
 	s.out = newSocketWriter(conn)
 	s.link.reset()
 	s.cond.L = &s.mu
-	s.scanner.Inspect = inspectClientMessage
 	return s
 }
 
@@ -318,21 +334,12 @@ func (s *session) closingLocked() bool {
 	return s.stateLocked() >= stateClosing
 }
 
-// serve runs the session to its end. A panic is logged with its stack and
-// ends only this session.
+// serve runs the session from its first byte until it ends or parks
+// (park.go). A panic is logged with its stack and ends only this session.
 func (s *session) serve() {
 	s.bufRef = clientBufferPool.Get().(*[]byte)
-	defer func() {
-		if r := recover(); r != nil {
-			s.pooler.log.Error("panic in client session", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-			s.sendError(wire.SeverityFatal, sqlstateInternalError, "internal error in pgtender")
-		}
-		s.finish()
-		s.setState(stateClosed)
-		if s.bufRef != nil {
-			clientBufferPool.Put(s.bufRef)
-		}
-	}()
+	parked := false
+	defer func() { s.endUnlessParked(recover(), parked) }()
 	s.setState(stateStartup)
 	err := func() error {
 		defer s.pooler.loginSlots.release() // taken by the accept loop (admission.go)
@@ -346,6 +353,28 @@ func (s *session) serve() {
 		return
 	}
 	err = s.relay()
+	if parked = err == errParked; !parked {
+		s.relayEnded(err)
+	}
+}
+
+// resume goes on with the relay loop of a session that was parked, on a
+// goroutine of its own, after its socket turned readable or was closed.
+// The caller took ownership (moved s.parked from true to false).
+func (s *session) resume() {
+	parked := false
+	defer func() { s.endUnlessParked(recover(), parked) }()
+	s.pooler.parker.Load().remove(s) // set, since s parked
+	s.takeScanner()
+	err := s.relayLoop(nil, 0)
+	if parked = err == errParked; !parked {
+		s.relayEnded(err)
+	}
+}
+
+// relayEnded tells the client why its relay loop returned err, if it did
+// not end normally.
+func (s *session) relayEnded(err error) {
 	s.mu.Lock()
 	s.endLocked(stateClosing) // from here on nothing links or releases; finish cleans up
 	s.mu.Unlock()
@@ -356,6 +385,31 @@ func (s *session) serve() {
 		}
 		s.pooler.log.Info("client session ended with an error", s.logFields(zap.Error(err))...)
 	}
+}
+
+// endUnlessParked is the deferred end of serve and resume: unless the
+// session parked (another goroutine owns it now), it logs a panic the
+// goroutine recovered from (r), and ends the session: its server
+// connection is handed back, its buffer returned, and it leaves the
+// pooler's books.
+func (s *session) endUnlessParked(r any, parked bool) {
+	if r != nil {
+		s.pooler.log.Error("panic in client session", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+		s.sendError(wire.SeverityFatal, sqlstateInternalError, "internal error in pgtender")
+	} else if parked {
+		return
+	}
+	s.finish()
+	s.setState(stateClosed)
+	s.returnScanner()
+	if s.bufRef != nil {
+		clientBufferPool.Put(s.bufRef)
+		s.bufRef = nil
+	}
+	p := s.pooler
+	p.clientCount.Add(-1)
+	p.unregisterSession(s)
+	p.wg.Done() // the session's, added by the accept loop
 }
 
 func (s *session) logFields(extra ...zap.Field) []zap.Field {
@@ -578,12 +632,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	s.mu.Lock()
 	s.mode = pool.settings.Load().mode
 	s.renaming = pool.settings.Load().preparedStatements
-	if s.mode == config.PoolerModeTransaction {
-		// Statements renamed, and the unnamed one prepared again on
-		// another server connection, need their messages whole.
-		s.scanner.Whole = wholeClientMessage
-	}
-	s.scanner.MaxLen = general.MaxMessageSize
+	s.maxMessageLen = general.MaxMessageSize
 	s.mu.Unlock()
 	ctx, cancel := s.checkoutContext(deadline)
 	params, err := s.poolParameters(ctx, pool, requested)
@@ -854,8 +903,13 @@ func (s *session) sendErrorLocked(b []byte) {
 // closeSocket closes the client's socket, from any goroutine: the serve
 // goroutine's reads and writes fail at once, and the session ends. A TLS
 // client is not sent close_notify; finish, on the serve goroutine, closes
-// conn itself.
-func (s *session) closeSocket() { _ = s.tcp.Close() }
+// conn itself. A parked session has no goroutine to see its reads fail:
+// one is started to end it (closing the descriptor took it off the
+// parker's set without an event).
+func (s *session) closeSocket() {
+	_ = s.tcp.Close()
+	s.unpark()
+}
 
 // authConn adapts a session to auth.ClientConn.
 type authConn struct{ s *session }

@@ -101,6 +101,70 @@ func (v *validSettings) store(s setting, canonical string) {
 	}
 }
 
+// sharedSettings holds a few canonical startup settings for sessions to
+// share: a fleet's clients send the same startup packet, and a session
+// holding a map of its own would pay for it as long as it stays connected,
+// idle or not. Sharing is safe because a sessionSettings is never changed
+// in place once built (a change makes a new one: overlaid). An entry is
+// only ever a map built from validSettings, which keeps a value Postgres
+// accepted for the pool's lifetime, so it is never stale; a set of settings
+// not among them is built as before and replaces the oldest entry.
+type sharedSettings struct {
+	entries [sharedSettingsEntries]atomic.Pointer[sessionSettings]
+	next    atomic.Uint32
+}
+
+const sharedSettingsEntries = 4
+
+// find returns the shared canonical form of settings (the settings of a
+// startup packet), or nil when none is held. A setting matches when
+// validSettings gives its value as the entry holds it, under the name the
+// client spelled.
+func (shared *sharedSettings) find(settings sessionSettings, valid *validSettings) sessionSettings {
+	var candidates [sharedSettingsEntries]sessionSettings
+	matching := false
+	for i := range shared.entries {
+		if entry := shared.entries[i].Load(); entry != nil && len(*entry) == len(settings) {
+			candidates[i], matching = *entry, true
+		}
+	}
+	if !matching {
+		return nil
+	}
+	for key, s := range settings {
+		value, ok := valid.lookup(s)
+		if !ok {
+			return nil
+		}
+		matching = false
+		for i, candidate := range candidates {
+			if candidate == nil {
+				continue
+			}
+			if got, ok := candidate[key]; !ok || got.name != s.name || got.value != value {
+				candidates[i] = nil
+				continue
+			}
+			matching = true
+		}
+		if !matching {
+			return nil
+		}
+	}
+	for _, candidate := range candidates {
+		if candidate != nil {
+			return candidate
+		}
+	}
+	return nil
+}
+
+// add makes canonical shared, in place of the oldest entry.
+func (shared *sharedSettings) add(canonical sessionSettings) {
+	i := (shared.next.Add(1) - 1) % sharedSettingsEntries
+	shared.entries[i].Store(&canonical)
+}
+
 // checkStartupSettings asks Postgres whether it accepts the settings a
 // client's startup packet asks for, on a server connection of the pool,
 // with set_config(…, true) in a statement of its own (so nothing stays
@@ -110,6 +174,9 @@ func (v *validSettings) store(s setting, canonical string) {
 // then failing the client's every statement. Settings already checked are
 // taken from the pool's cache.
 func (p *Pool) checkStartupSettings(ctx context.Context, settings sessionSettings) (sessionSettings, error) {
+	if shared := p.sharedSettings.find(settings, &p.validSettings); shared != nil {
+		return shared, nil
+	}
 	var unchecked []setting
 	canonical := make(sessionSettings, len(settings))
 	for key, s := range settings {
@@ -120,6 +187,7 @@ func (p *Pool) checkStartupSettings(ctx context.Context, settings sessionSetting
 		unchecked = append(unchecked, s)
 	}
 	if len(unchecked) == 0 {
+		p.sharedSettings.add(canonical)
 		return canonical, nil
 	}
 	var sql strings.Builder
@@ -163,6 +231,7 @@ func (p *Pool) checkStartupSettings(ctx context.Context, settings sessionSetting
 			p.customNames.learn(s.name) // the client's own are probed anyway when the pool is full
 		}
 	}
+	p.sharedSettings.add(canonical)
 	return canonical, nil
 }
 

@@ -1,6 +1,7 @@
 package pooler
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
@@ -106,5 +107,48 @@ func TestCustomSettings(t *testing.T) {
 	}
 	if !c.learn("app.tenant") {
 		t.Error("a known name is refused once the set is full")
+	}
+}
+
+// TestSharedSettings: logins with the same startup settings share one
+// canonical map; a setting spelled differently, a value Postgres has not
+// accepted, or one more setting is not a match.
+func TestSharedSettings(t *testing.T) {
+	var valid validSettings
+	valid.store(setting{"DateStyle", "iso, mdy"}, "ISO, MDY")
+	valid.store(setting{"datestyle", "iso, mdy"}, "ISO, MDY") // accepted, but the shared map spells it otherwise
+	valid.store(setting{"application_name", "web"}, "web")
+	startup := func(pairs ...string) sessionSettings {
+		settings := make(sessionSettings)
+		for i := 0; i < len(pairs); i += 2 {
+			settings.set(pairs[i], pairs[i+1])
+		}
+		return settings
+	}
+	var shared sharedSettings
+	if got := shared.find(startup("DateStyle", "iso, mdy"), &valid); got != nil {
+		t.Fatalf("found %v before any was added", got)
+	}
+	canonical := sessionSettings{"datestyle": {"DateStyle", "ISO, MDY"}, "application_name": {"application_name", "web"}}
+	shared.add(canonical)
+	got := shared.find(startup("application_name", "web", "DateStyle", "iso, mdy"), &valid)
+	if got == nil || reflect.ValueOf(got).UnsafePointer() != reflect.ValueOf(canonical).UnsafePointer() {
+		t.Fatalf("the same settings: got %v, want the shared map", got)
+	}
+	for name, settings := range map[string]sessionSettings{
+		"spelled otherwise": startup("application_name", "web", "datestyle", "iso, mdy"),
+		"not accepted":      startup("application_name", "api", "DateStyle", "iso, mdy"),
+		"fewer":             startup("application_name", "web"),
+		"more":              startup("application_name", "web", "DateStyle", "iso, mdy", "TimeZone", "UTC"),
+	} {
+		if got := shared.find(settings, &valid); got != nil {
+			t.Errorf("%s: got %v, want no match", name, got)
+		}
+	}
+	for range sharedSettingsEntries { // the oldest entries give way
+		shared.add(sessionSettings{"application_name": {"application_name", "web"}})
+	}
+	if got := shared.find(startup("application_name", "web", "DateStyle", "iso, mdy"), &valid); got != nil {
+		t.Errorf("after %d more were added: got %v, want the first one gone", sharedSettingsEntries, got)
 	}
 }

@@ -24,8 +24,8 @@
 #             userlist, one password per user, changed only by rewriting the
 #             file and RELOAD), so it is not run there.
 #   idle      RSS per idle logged-in client: a fresh pooler, 1 s of logins to
-#             warm it, VmRSS; then loginstorm -hold IDLE_CLIENTS, VmRSS once
-#             all are held; (held - before) / clients
+#             warm it, VmRSS; then loginstorm -hold IDLE_CLIENTS, VmRSS
+#             IDLE_SETTLE s after all are held; (held - before) / clients
 #   pinned    (PINNED=1) each pooler pinned to CPU 0 (taskset; pgtender with
 #             GOMAXPROCS=1 and workers = 1), loginstorm, pgbench and every
 #             Postgres process on CPU 1 (restored afterwards): the login row
@@ -53,6 +53,8 @@
 #   MODES ["simple extended prepared"]   PGBENCH_SECONDS [3] {1}
 #   PGBENCH_WARMUP [1] {0} seconds of unrecorded pgbench -S -c 32 per target
 #   ROTATION_SECONDS [6] {3}  IDLE_CLIENTS [10000] {2000}  PINNED [1]
+#   IDLE_SETTLE [3] seconds the idle clients are held before RSS is read:
+#                   past two of pgtender's 1 s parking sweeps (pooler/park.go)
 #   POOL_SIZE [20]  THREADS [2] pgbench -j (at most the clients)
 #   PGT_PORT [6561] PGB_PORT [6562] ROT_PORT [6563] CEIL_PORT [6564]
 #   METRICS_PORT [9961] pgtender's /metrics (the rotation instance's: one
@@ -84,6 +86,7 @@ PGBENCH_SECONDS=${PGBENCH_SECONDS:-$(pick 3 1)}
 PGBENCH_WARMUP=${PGBENCH_WARMUP:-$(pick 1 0)}
 ROTATION_SECONDS=${ROTATION_SECONDS:-$(pick 6 3)}
 IDLE_CLIENTS=${IDLE_CLIENTS:-$(pick 10000 2000)}
+IDLE_SETTLE=${IDLE_SETTLE:-3}
 PINNED=${PINNED:-1}
 POOL_SIZE=${POOL_SIZE:-20}
 THREADS=${THREADS:-2}
@@ -387,16 +390,16 @@ idle() {
   sleep 1
   rss0=$(rss_kib "$pid") fds0=$(fds "$pid") load=$(load1) c0=$(cpu_us "$pid")
   # The held connections open first (a few dozen at a time); then a 1-login/s
-  # open loop runs for 4 s while they stay open.
+  # open loop runs while they stay open, past the sample.
   timeout -k 5 120 bin/loginstorm -addr "127.0.0.1:$(port_of "$t")" -password "$PGPASSWORD" -hold "$IDLE_CLIENTS" \
-    -rate 1 -duration 4s -json -progress never >"$file" 2>"$file.stderr" &
+    -rate 1 -duration "$(( IDLE_SETTLE + 3 ))s" -json -progress never >"$file" 2>"$file.stderr" &
   hold_pid=$!
   for _ in $(seq 600); do   # up to 60 s for the clients to be held
     (( $(fds "$pid") >= fds0 + IDLE_CLIENTS )) && break
     kill -0 "$hold_pid" 2>/dev/null || break
     sleep 0.1
   done
-  sleep 1
+  sleep "$IDLE_SETTLE"
   rss1=$(rss_kib "$pid") fds1=$(fds "$pid")
   (( fds1 >= fds0 + IDLE_CLIENTS )) || note="only $(( fds1 - fds0 )) more descriptors than before when sampled"
   wait "$hold_pid" || rc=$?
