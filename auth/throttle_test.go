@@ -27,13 +27,15 @@ func TestThrottledRightPasswordWaitsForAToken(t *testing.T) {
 			r := newRegistry(t, mode, WithFailureLimits(limit, limit), WithThrottleWait(time.Second))
 			pg := newFakePostgres(r, "alice", "pencil")
 			addr := netip.MustParseAddr("127.0.0.1")
+			// The buckets refill from their first use, in the drain, so the
+			// refill periods of the run are counted from before it.
+			start := time.Now()
 			for i := range 2 * limit.Burst {
 				err := r.Authenticate(ctx, Login{Key: alice, Password: fmt.Sprint("drain", i), ClientAddr: addr}, pg.verify)
 				if !errors.Is(err, ErrPasswordMismatch) {
 					t.Fatalf("draining: %v", err)
 				}
 			}
-			start := time.Now()
 			var wg sync.WaitGroup
 			var mu sync.Mutex
 			var rightRefused, wrongThrottled int
