@@ -339,22 +339,35 @@ func (r *Registry) Close() {
 // at startup), not a method value written at the call, which would cost
 // the fast path an allocation per login.
 func (r *Registry) Authenticate(ctx context.Context, login Login, verify VerifyFunc) error {
+	if done, err := r.AuthenticateCached(ctx, login, verify); done {
+		return err
+	}
+	return r.verifyAndStore(ctx, r.shardIndex(login.Key), login, verify)
+}
+
+// AuthenticateCached is Authenticate's fast path, which never waits: done
+// is false when the login needs the slow path (a verification, the
+// negative cache), which Authenticate then takes. A caller that would
+// bound the wait of the slow path with a context of its own (a deadline,
+// a timer) makes it only then; ctx is used here for its values alone, by
+// the background check of a verification that is due.
+func (r *Registry) AuthenticateCached(ctx context.Context, login Login, verify VerifyFunc) (done bool, err error) {
 	if login.Password == "" {
-		return ErrPasswordMismatch
+		return true, ErrPasswordMismatch
 	}
 	i := r.shardIndex(login.Key)
-	if e, ok := r.snaps[i].Load().entries[login.Key]; ok {
+	if e, found := r.snaps[i].Load().entries[login.Key]; found {
 		if e.matches(login.Password) {
 			if e.due != 0 {
 				r.maybeReverify(ctx, i, login.Key, e, verify)
 			}
-			return nil
+			return true, nil
 		}
 		if !r.allowChange {
-			return ErrPasswordMismatch
+			return true, ErrPasswordMismatch
 		}
 	}
-	return r.verifyAndStore(ctx, i, login, verify)
+	return false, nil
 }
 
 // shardIndex picks key's shard with a seeded hash, without allocating.

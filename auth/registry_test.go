@@ -683,3 +683,39 @@ func TestLoginStringHasNoPassword(t *testing.T) {
 		t.Fatalf("String() = %q", got)
 	}
 }
+
+// TestRegistryAuthenticateCached: the fast path answers for a verified
+// password, and for a different one where passwords cannot change, and
+// otherwise leaves the login to Authenticate, without verifying anything.
+func TestRegistryAuthenticateCached(t *testing.T) {
+	for _, mode := range allModes {
+		t.Run(string(mode), func(t *testing.T) {
+			ctx := context.Background()
+			r := newRegistry(t, mode)
+			pg := newFakePostgres(r, "alice", "pencil")
+			if done, err := r.AuthenticateCached(ctx, Login{Key: alice, Password: "pencil"}, pg.verify); done {
+				t.Fatalf("before any verification: done with %v", err)
+			}
+			if done, err := r.AuthenticateCached(ctx, Login{Key: alice, Password: ""}, pg.verify); !done || err != ErrPasswordMismatch {
+				t.Fatalf("an empty password: done %v, %v; want done, ErrPasswordMismatch", done, err)
+			}
+			if err := r.Authenticate(ctx, Login{Key: alice, Password: "pencil"}, pg.verify); err != nil {
+				t.Fatal(err)
+			}
+			if done, err := r.AuthenticateCached(ctx, Login{Key: alice, Password: "pencil"}, pg.verify); !done || err != nil {
+				t.Fatalf("the verified password: done %v, %v; want done, nil", done, err)
+			}
+			done, err := r.AuthenticateCached(ctx, Login{Key: alice, Password: "eraser"}, pg.verify)
+			if allowsChange(mode) {
+				if done {
+					t.Fatalf("another password where it may change: done with %v, want it left to Authenticate", err)
+				}
+			} else if !done || err != ErrPasswordMismatch {
+				t.Fatalf("another password: done %v, %v; want done, ErrPasswordMismatch", done, err)
+			}
+			if pg.calls.Load() != 1 {
+				t.Fatalf("verify called %d times, want 1 (Authenticate's)", pg.calls.Load())
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -415,24 +416,47 @@ func (a *admissionPolicy) afterAccept(haveSlot bool, age time.Duration, ageKnown
 	return admitLogin
 }
 
-// acceptQueueAge is how long an accepted connection waited in the kernel's
-// accept queue: the time since its handshake's last ACK or its first data
-// (TCP_INFO tcpi_last_ack_recv and tcpi_last_data_recv, in milliseconds;
-// whichever is older is the closer bound). ok is false where the kernel
-// does not say.
-func acceptQueueAge(conn *net.TCPConn) (age time.Duration, ok bool) {
+// queueAgeReader reads how long accepted connections waited in the
+// kernel's accept queue, into storage of its own reused from one
+// connection to the next, so that an accept allocates no TCP_INFO. It
+// belongs to one accept loop.
+type queueAgeReader struct {
+	info    unix.TCPInfo
+	infoErr error
+	read    func(fd uintptr) // r.readInfo, as a func value made once
+}
+
+func newQueueAgeReader() *queueAgeReader {
+	r := &queueAgeReader{}
+	r.read = r.readInfo
+	return r
+}
+
+// readInfo is getsockopt(TCP_INFO) into r.info (unix.GetsockoptTCPInfo
+// would allocate the struct at every call).
+func (r *queueAgeReader) readInfo(fd uintptr) {
+	length := uint32(unsafe.Sizeof(r.info))
+	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_TCP, unix.TCP_INFO,
+		uintptr(unsafe.Pointer(&r.info)), uintptr(unsafe.Pointer(&length)), 0)
+	r.infoErr = nil
+	if errno != 0 {
+		r.infoErr = errno
+	}
+}
+
+// age is how long conn waited in the kernel's accept queue: the time since
+// its handshake's last ACK or its first data (TCP_INFO tcpi_last_ack_recv
+// and tcpi_last_data_recv, in milliseconds; whichever is older is the
+// closer bound). ok is false where the kernel does not say.
+func (r *queueAgeReader) age(conn *net.TCPConn) (age time.Duration, ok bool) {
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return 0, false
 	}
-	var info *unix.TCPInfo
-	var infoErr error
-	if err := raw.Control(func(fd uintptr) {
-		info, infoErr = unix.GetsockoptTCPInfo(int(fd), unix.SOL_TCP, unix.TCP_INFO)
-	}); err != nil || infoErr != nil {
+	if err := raw.Control(r.read); err != nil || r.infoErr != nil {
 		return 0, false
 	}
-	ms := max(info.Last_ack_recv, info.Last_data_recv)
+	ms := max(r.info.Last_ack_recv, r.info.Last_data_recv)
 	return time.Duration(ms) * time.Millisecond, true
 }
 

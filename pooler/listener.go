@@ -138,6 +138,7 @@ func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
 	backoff := time.Duration(0)
 	admission := newAdmissionPolicy(p.loginSlots)
 	admission.endStalled = p.endStalledLogins
+	queueAges := newQueueAgeReader()
 	for {
 		general := p.state.Load().cfg.General
 		wasShedding := admission.shedding
@@ -177,7 +178,7 @@ func (p *Pooler) acceptLoop(l *net.TCPListener, worker int) {
 		ageKnown := false
 		maxAge := general.LoginQueueMaxAge.Duration()
 		if maxAge > 0 {
-			age, ageKnown = acceptQueueAge(conn)
+			age, ageKnown = queueAges.age(conn)
 			if ageKnown {
 				p.loginSlots.noteQueueWait(age)
 			}

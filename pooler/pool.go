@@ -113,7 +113,10 @@ type poolWaiter struct {
 var capacityGranted = new(ServerConn)
 
 // serverParameter is one ParameterStatus value.
-type serverParameter struct{ name, value string }
+type serverParameter struct {
+	name, value string
+	key         string // settingKey(name), made once rather than at every login
+}
 
 // poolStats are the pool's counters, read by metrics and the admin console.
 type poolStats struct {

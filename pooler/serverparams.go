@@ -37,7 +37,7 @@ func (p *Pool) storeParams(sc *ServerConn) {
 	}
 	params := make([]serverParameter, 0, len(sc.params))
 	for name, value := range sc.params {
-		params = append(params, serverParameter{name: name, value: value})
+		params = append(params, serverParameter{name: name, value: value, key: settingKey(name)})
 	}
 	// Sorted, so that every login sends the set in the same order.
 	slices.SortFunc(params, compareParameters)
@@ -78,7 +78,7 @@ func (p *Pool) reportParameter(name, value string) {
 	if i >= 0 {
 		params[i].value = value
 	} else {
-		params = append(params, serverParameter{name: name, value: value})
+		params = append(params, serverParameter{name: name, value: value, key: settingKey(name)})
 		slices.SortFunc(params, compareParameters)
 	}
 	p.params.Store(&params)

@@ -634,9 +634,7 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	s.renaming = pool.settings.Load().preparedStatements
 	s.maxMessageLen = general.MaxMessageSize
 	s.mu.Unlock()
-	ctx, cancel := s.checkoutContext(deadline)
-	params, err := s.poolParameters(ctx, pool, requested)
-	cancel()
+	params, err := s.poolParameters(pool, requested, deadline)
 	// A cold pool makes the client wait for the first server connection;
 	// a client that gave up meanwhile is an abandoned login, not a
 	// completed or refused one. One peek at its socket tells.
@@ -654,19 +652,19 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	s.mu.Unlock()
 	// The client is told its own values of the reported parameters it set,
 	// as Postgres would tell it.
-	reply := wire.AppendAuthenticationOk(s.localReplies[:0])
+	replyRef := loginReplies.Get().(*[]byte)
+	defer loginReplies.Put(replyRef)
+	reply := wire.AppendAuthenticationOk((*replyRef)[:0])
 	for _, param := range params {
 		value := param.value
-		if own, ok := s.startupSettings[settingKey(param.name)]; ok && reportedParameter(param.name) != "" {
+		if own, ok := s.startupSettings[param.key]; ok && reportedParameter(param.name) != "" {
 			value = own.value
 		}
 		reply = wire.AppendParameterStatus(reply, param.name, value)
 	}
 	reply = wire.AppendBackendKeyData(reply, s.processID, s.secret)
 	reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
-	// Not kept as the session's scratch: a reply this long is rare after
-	// login, and an idle session should cost little.
-	s.localReplies = nil
+	*replyRef = reply // grown, if it had to, for the next login
 	if p.draining.Load() {
 		return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
 	}
@@ -676,6 +674,15 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	timings.Ready = time.Since(readyStart)
 	return nil
 }
+
+// loginReplies holds the buffers login replies are built in (AuthenticationOk
+// to ReadyForQuery, with every ParameterStatus), each owned by one login
+// from Get until its reply is written: not kept by the session, since an
+// idle session should cost little, nor made anew at every login.
+var loginReplies = sync.Pool{New: func() any {
+	b := make([]byte, 0, 1024)
+	return &b
+}}
 
 // authenticate checks the client's password: against Postgres itself under
 // passthrough, else against users.toml.
@@ -691,15 +698,19 @@ func (s *session) authenticate(state *runtimeState, deadline time.Time) error {
 		if err != nil {
 			return s.authExchangeError(err)
 		}
-		ctx := context.Background()
-		if !deadline.IsZero() {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithDeadline(ctx, deadline)
-			defer cancel()
-		}
 		key := auth.Key{User: s.user, Database: s.database}
 		login := auth.Login{Key: key, Password: password, ClientAddr: remoteIP(s.tcp.RemoteAddr())}
-		err = s.awaitPassthroughVerification(ctx, login)
+		// A password verified before needs no wait, so no context bounds it.
+		done, err := s.pooler.registry.AuthenticateCached(context.Background(), login, s.pooler.verify)
+		if !done {
+			ctx := context.Background()
+			if !deadline.IsZero() {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithDeadline(ctx, deadline)
+				defer cancel()
+			}
+			err = s.awaitPassthroughVerification(ctx, login)
+		}
 		switch {
 		case err == nil:
 			return nil
@@ -754,8 +765,21 @@ func (s *session) awaitPassthroughVerification(ctx context.Context, login auth.L
 // first server connection) and checks the settings the client's startup
 // packet asked for (checkStartupSettings), which become its
 // startupSettings; marked as a wait on Postgres like
-// awaitPassthroughVerification.
-func (s *session) poolParameters(ctx context.Context, pool *Pool, requested sessionSettings) ([]serverParameter, error) {
+// awaitPassthroughVerification. A warm pool, with the parameters known and
+// the same settings seen before, needs no wait, and no context bounding
+// one is made: most logins of a fleet.
+func (s *session) poolParameters(pool *Pool, requested sessionSettings, deadline time.Time) ([]serverParameter, error) {
+	if params := pool.params.Load(); params != nil {
+		if len(requested) == 0 {
+			return *params, nil
+		}
+		if shared := pool.sharedSettings.find(requested, &pool.validSettings); shared != nil {
+			s.startupSettings = shared
+			return *params, nil
+		}
+	}
+	ctx, cancel := s.checkoutContext(deadline)
+	defer cancel()
 	s.pooler.loginSlots.serverWaitBegin()
 	defer s.pooler.loginSlots.serverWaitEnd()
 	s.clientWaitEnd() // waiting on Postgres now, not on the client
