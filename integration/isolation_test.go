@@ -25,6 +25,7 @@ func TestSettingsIsolation(t *testing.T) {
 		{"set_local_and_rolled_back_set", 1, []poolerFeature{sessionSettings}, sceneTransactions},
 		{"startup_options", 1, []poolerFeature{startupOptions}, sceneStartupOptions},
 		{"startup_refused", 1, []poolerFeature{startupOptions}, sceneStartupRefused},
+		{"same_startup_settings", 1, []poolerFeature{startupOptions}, sceneSameStartupSettings},
 	} {
 		t.Run(scene.name, func(t *testing.T) {
 			runDriverBothWays(t, driverCase{
@@ -320,6 +321,32 @@ func sceneStartupOptions(e *settingsEnv) {
 	a.show("search_path", "foo")
 	a.show("statement_timeout", "5s")
 	b.showDefaults()
+}
+
+// sceneSameStartupSettings: clients whose startup packets ask for the
+// same settings (which pgtender keeps once for all of them) each keep
+// them as their own: what one sets, and its RESET ALL, changes nothing for
+// the others, nor for one that logs in afterwards with the same packet.
+func sceneSameStartupSettings(e *settingsEnv) {
+	same := map[string]string{"options": "-c search_path=foo", "statement_timeout": "4s"}
+	a := e.connect("A", same)
+	b := e.connect("B", same)
+	a.exec("SET search_path = pg_catalog")
+	a.exec("SET statement_timeout = '7s'")
+	b.show("search_path", "foo")
+	b.show("statement_timeout", "4s")
+	c := e.connect("C", same)
+	c.show("search_path", "foo")
+	c.show("statement_timeout", "4s")
+	a.show("search_path", "pg_catalog")
+	a.show("statement_timeout", "7s")
+	a.exec("RESET ALL")
+	a.show("search_path", "foo")
+	a.show("statement_timeout", "4s")
+	b.exec("SET search_path = bar")
+	c.show("search_path", "foo")
+	a.show("search_path", "foo")
+	b.show("search_path", "bar")
 }
 
 // sceneStartupRefused: an invalid startup setting is refused at login, with

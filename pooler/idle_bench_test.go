@@ -71,14 +71,14 @@ func BenchmarkIdleClientMemory(b *testing.B) {
 // with the timer stopped and started the same way but no parking
 // (not-parked) is what to compare with.
 func BenchmarkParkedClientQuery(b *testing.B) {
-	for _, parked := range []bool{true, false} {
-		name := map[bool]string{true: "parked", false: "not-parked"}[parked]
-		b.Run(name, func(b *testing.B) {
-			sweep := time.Millisecond
-			if !parked {
-				sweep = time.Hour
-			}
-			h := newHarnessSetup(b, nil, nil, zap.NewNop(), func(p *Pooler) { p.parkTuning = parkTuning{sweep: sweep} })
+	for _, run := range []struct {
+		name   string
+		parked bool
+		sweep  time.Duration // an hour: no sweep within the benchmark
+	}{{"parked", true, time.Millisecond}, {"not-parked", false, time.Hour}} {
+		parked := run.parked
+		b.Run(run.name, func(b *testing.B) {
+			h := newHarnessSetup(b, nil, nil, zap.NewNop(), func(p *Pooler) { p.parkTuning = parkTuning{sweep: run.sweep} })
 			round := simpleQueryRound(b, h)
 			round()
 			parks := h.p.ClientParking().Parks

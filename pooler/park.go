@@ -76,16 +76,15 @@ var errParked = errors.New("session parked")
 // waits on it.
 type parker struct {
 	p *Pooler
-	// mu guards epfd against close: epoll_ctl is called under it, and stop
-	// closes the descriptors under it.
+	// mu guards epfd against close: epoll_ctl is called under it, and close
+	// closes the set under it, so that no epoll_ctl reaches a descriptor
+	// number reused since.
 	mu     sync.Mutex
 	epfd   int
 	file   *os.File        // epfd, on the runtime's poller (run waits on it)
 	raw    syscall.RawConn // file's
 	closed bool
-	// stopping: stop was called; run ends at its next wake.
-	stopping atomic.Bool
-	tuning   parkTuning
+	tuning parkTuning
 	// parked counts the sessions parked now; parks, the parkings since
 	// the pooler started.
 	parked atomic.Int64
@@ -134,7 +133,7 @@ func (pk *parker) run() {
 	lastSweep := time.Now()
 	for {
 		_ = pk.file.SetReadDeadline(lastSweep.Add(pk.tuning.sweep))
-		if pk.stopped() { // after the deadline is set: stop's may have come before it
+		if pk.stopped() { // after the deadline is set: stop's may have come before it and been undone
 			pk.close()
 			return // Shutdown ends the parked sessions (closeSocket)
 		}
@@ -172,22 +171,22 @@ func (pk *parker) run() {
 	}
 }
 
-// stopped reports whether run must end: stop was called, or Shutdown
-// began before the parker was made.
+// stopped reports whether run must end: Shutdown began (it may have begun
+// before the parker was made, and then never calls stop).
 func (pk *parker) stopped() bool {
 	select {
 	case <-pk.p.done:
 		return true
 	default:
-		return pk.stopping.Load()
+		return false
 	}
 }
 
-// stop ends run. Sessions parked then stay so until closeSocket resumes
-// them, which Shutdown makes happen.
+// stop wakes run, which ends since p.done is closed before stop is called.
+// Sessions parked then stay so until closeSocket resumes them, which
+// Shutdown makes happen.
 func (pk *parker) stop() {
-	pk.stopping.Store(true)
-	_ = pk.file.SetReadDeadline(time.Unix(1, 0)) // wakes run's wait
+	_ = pk.file.SetReadDeadline(time.Unix(1, 0))
 }
 
 // close closes the epoll set; run calls it as it returns.

@@ -142,6 +142,26 @@ func TestNotParkedWhileHoldingAServer(t *testing.T) {
 	mustExec(t, conn, "SELECT 2")
 }
 
+// TestTLSClientNotParked: a TLS client's records are buffered inside
+// crypto/tls, so its socket cannot be waited on for them: it is never
+// parked, and a plain client beside it is (the sweeps ran).
+func TestTLSClientNotParked(t *testing.T) {
+	f := newTLSFixture(t)
+	h := newParkingHarness(t, f.configure, 10*time.Millisecond)
+	encrypted, _ := f.connectTLS(t, h, "require")
+	mustExec(t, encrypted, "SELECT 1")
+	plain := h.connect()
+	mustExec(t, plain, "SELECT 1")
+	h.waitParked(1)
+	time.Sleep(50 * time.Millisecond) // five more sweeps
+	if n := h.parkedNow(); n != 1 {
+		t.Fatalf("%d parked, want only the plain client", n)
+	}
+	if got := string(mustExec(t, encrypted, "SELECT 2")[0].Rows[0][0]); got != "2" {
+		t.Fatalf("the TLS client got %q, want 2", got)
+	}
+}
+
 // TestParkingStress races parking against clients that pause for about a
 // sweep between requests, pipeline, split their messages and leave, under
 // -race: every answer is the right one, and every session ends.

@@ -82,8 +82,7 @@ type Pool struct {
 	// (checkStartupSettings).
 	validSettings validSettings
 	// sharedSettings are canonical startup settings built recently, which
-	// the sessions that asked for the same ones share (sharedStartup-
-	// Settings).
+	// the sessions that asked for the same ones share (settings.go).
 	sharedSettings sharedSettings
 	// customNames are the custom parameters ("app.tenant") any client of
 	// the pool was seen to set (customSettings).
