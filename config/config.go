@@ -134,6 +134,7 @@ type General struct {
 	ShutdownTimeout                Milliseconds `toml:"shutdown_timeout"`                             // default 60000; 0 = do not wait for transactions
 	ShutdownReadinessDelay         Milliseconds `toml:"shutdown_readiness_delay"`                     // extension, default 0: /readyz fails this long before the drain begins
 	RollbackTimeout                Milliseconds `toml:"rollback_timeout"`                             // default 5000; at least 1
+	StatsPeriod                    Milliseconds `toml:"stats_period"`                                 // default 15000 (PgDog's); at least 1000: the window of SHOW STATS's averages
 	ClientWriteTimeout             Milliseconds `toml:"client_write_timeout"`                         // extension, default 60000; 0 = none
 	HealthcheckInterval            Milliseconds `toml:"healthcheck_interval"`                         // default 30000; 0 = no check at checkout
 	HealthcheckTimeout             Milliseconds `toml:"healthcheck_timeout"`                          // default 5000; at least 1
@@ -233,6 +234,7 @@ func Defaults() Config {
 			ServerLifetime:              86400000,
 			ShutdownTimeout:             60000,
 			RollbackTimeout:             5000,
+			StatsPeriod:                 15000,
 			ClientWriteTimeout:          60000,
 			HealthcheckInterval:         30000,
 			HealthcheckTimeout:          5000,

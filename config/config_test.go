@@ -110,6 +110,7 @@ idle_timeout = 6
 server_lifetime = 7
 shutdown_timeout = 8
 rollback_timeout = 9
+stats_period = 2000
 client_write_timeout = 10
 shutdown_readiness_delay = 19
 healthcheck_interval = 15
@@ -177,7 +178,7 @@ server_password = "alice_srvpw"
 		AuthType: AuthMD5, PassthroughAuth: PassthroughEnabledPlainAllowChange,
 		ConnectTimeout: 1, CheckoutTimeout: 2, ClientLoginTimeout: 3,
 		IdleTimeout: 6, ServerLifetime: 7,
-		ShutdownTimeout: 8, RollbackTimeout: 9, ClientWriteTimeout: 10, PassthroughReverifyInterval: 60000,
+		ShutdownTimeout: 8, RollbackTimeout: 9, StatsPeriod: 2000, ClientWriteTimeout: 10, PassthroughReverifyInterval: 60000,
 		ShutdownReadinessDelay: 19,
 		HealthcheckInterval:    15, HealthcheckTimeout: 16, IdleHealthcheckInterval: 17, IdleHealthcheckDelay: 18,
 		MaxClientConnections: 11, MaxMessageSize: 2048, MaxLoginsInProgress: 12, LoginQueueTarget: 13, LoginQueueMaxAge: 14,
@@ -193,7 +194,7 @@ server_password = "alice_srvpw"
 		t.Errorf("admin = %+v, want %+v", c.Admin, want)
 	}
 	wantDB := Database{Name: "app", Host: "db.internal", Port: 5433, DatabaseName: "app_prod",
-		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 54}
+		User: "svc", Password: "svcpw", PoolSize: 30, MinPoolSize: 0, PoolerMode: PoolerModeTransaction, Line: 55}
 	if len(c.Databases) != 1 || c.Databases[0] != wantDB {
 		t.Errorf("databases = %+v, want [%+v]", c.Databases, wantDB)
 	}

@@ -199,3 +199,42 @@ func diffEntries[T any](d *ConfigDiff, old, new []T, key, path func(T) string) {
 		}
 	}
 }
+
+// Setting is one key of [general] or [admin] as SHOW CONFIG lists it.
+type Setting struct {
+	Key     string // "listen_backlog"; [admin]'s keys as "admin.name"
+	Value   string // the running value, unquoted; a secret as "***"
+	Default string // the value Defaults gives
+	// Changeable: a reload applies a change to it; false for the keys
+	// tagged restart:"true".
+	Changeable bool
+}
+
+// Settings lists the [general] and [admin] keys with their values, in the
+// order Redacted writes them. No password appears in it.
+func (c *Config) Settings() []Setting {
+	defaults := Defaults()
+	var out []Setting
+	add := func(prefix string, v, d reflect.Value) {
+		for _, f := range tagFields(v.Type()) {
+			out = append(out, Setting{
+				Key:        prefix + f.key,
+				Value:      settingText(v.FieldByIndex(f.index), f.secret),
+				Default:    settingText(d.FieldByIndex(f.index), f.secret),
+				Changeable: !f.restart,
+			})
+		}
+	}
+	add("", reflect.ValueOf(c.General), reflect.ValueOf(defaults.General))
+	add("admin.", reflect.ValueOf(c.Admin), reflect.ValueOf(defaults.Admin))
+	return out
+}
+
+// settingText is formatValue without TOML's quotes.
+func settingText(v reflect.Value, secret bool) string {
+	text := formatValue(v, secret)
+	if unquoted, err := strconv.Unquote(text); err == nil && v.Kind() == reflect.String {
+		return unquoted
+	}
+	return text
+}

@@ -37,7 +37,7 @@ var unsupportedGeneral = setOf(
 	"server_lifetime_jitter", "shutdown_termination_timeout", "dns_ttl",
 	"connection_recovery", "client_connection_recovery",
 	// features
-	"pub_sub_channel_size", "stats_period", "query_log", "expanded_explain",
+	"pub_sub_channel_size", "query_log", "expanded_explain",
 	"mirror_queue", "mirror_exposure", "broadcast_address", "broadcast_port",
 	"log_dedup_window", "log_dedup_threshold",
 	"two_phase_commit", "two_phase_commit_auto", "two_phase_commit_wal_dir",

@@ -70,6 +70,7 @@ func (l *loader) validateGeneral(g *General) {
 		{"checkout_timeout", g.CheckoutTimeout, 1},
 		{"client_login_timeout", g.ClientLoginTimeout, 1},
 		{"rollback_timeout", g.RollbackTimeout, 1},
+		{"stats_period", g.StatsPeriod, 1000},
 		{"client_write_timeout", g.ClientWriteTimeout, 0},
 		{"healthcheck_interval", g.HealthcheckInterval, 0},
 		{"healthcheck_timeout", g.HealthcheckTimeout, 1},

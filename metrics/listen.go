@@ -10,6 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/pgtender/pgtender/pooler"
 )
 
 // collectListenQueues reports each listening socket's accept-queue length
@@ -104,4 +106,29 @@ func parseNetstat(data []byte, group string) (map[string]uint64, error) {
 		return counters, nil
 	}
 	return nil, fmt.Errorf("no %s counters", group)
+}
+
+// ListenFigures are the kernel's accept-queue figures now, for the admin
+// console's SHOW LOGINS: each listening socket's queue length and
+// capacity (as listen_queue_length and listen_queue_capacity, a socket
+// whose figures cannot be read left out) and the namespace's
+// ListenOverflows and ListenDrops (left out when unreadable).
+func ListenFigures(source interface{ ListenSockets() []pooler.ListenSocket }) []pooler.LoginFigure {
+	var figures []pooler.LoginFigure
+	for _, socket := range source.ListenSockets() {
+		length, capacity, err := readListenQueue(socket.Conn)
+		if err != nil {
+			continue
+		}
+		worker := strconv.Itoa(socket.Worker)
+		figures = append(figures,
+			pooler.LoginFigure{Name: "listen_queue_length.worker" + worker, Value: int64(length)},
+			pooler.LoginFigure{Name: "listen_queue_capacity.worker" + worker, Value: int64(capacity)})
+	}
+	if overflows, drops, err := readListenCounters(procNetstat); err == nil {
+		figures = append(figures,
+			pooler.LoginFigure{Name: "listen_overflows", Value: int64(overflows)},
+			pooler.LoginFigure{Name: "listen_drops", Value: int64(drops)})
+	}
+	return figures
 }

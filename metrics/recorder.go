@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pgtender/pgtender/pooler"
 )
@@ -143,4 +144,33 @@ func (r *LoginRecorder) Collect(ch chan<- prometheus.Metric) {
 	r.duration.Collect(ch)
 	r.logins.Collect(ch)
 	r.abandoned.Collect(ch)
+}
+
+// Figures are the recorder's counts now, for the admin console's SHOW
+// LOGINS: logins in flight, logins ended by result, logins abandoned by
+// stage. They are the series logins_in_flight, logins_total and
+// logins_abandoned_total export.
+func (r *LoginRecorder) Figures() []pooler.LoginFigure {
+	figures := []pooler.LoginFigure{{Name: "logins_in_flight", Value: r.inFlight.Load()}}
+	for _, c := range []struct {
+		name    string
+		counter prometheus.Counter
+	}{
+		{"logins_ok", r.loginsOK}, {"logins_auth_failed", r.authFailed}, {"logins_rejected", r.rejected},
+		{"logins_shed", r.shed}, {"logins_error", r.loginsErr},
+		{"logins_abandoned_startup", r.abandonedStartup}, {"logins_abandoned_auth", r.abandonedAuth},
+		{"logins_abandoned_ready", r.abandonedReady},
+	} {
+		figures = append(figures, pooler.LoginFigure{Name: c.name, Value: int64(counterValue(c.counter))})
+	}
+	return figures
+}
+
+// counterValue reads a counter's value.
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return 0 // Write fails only for a metric whose description is broken
+	}
+	return m.GetCounter().GetValue()
 }

@@ -106,6 +106,22 @@ const (
 	ShedSlowClient ShedReason = "slow_client"
 )
 
+// shedCounters count refused logins by ShedReason.
+type shedCounters struct {
+	noLoginSlot, queueAge, slowClient atomic.Uint64
+}
+
+func (c *shedCounters) add(reason ShedReason) {
+	switch reason {
+	case ShedNoLoginSlot:
+		c.noLoginSlot.Add(1)
+	case ShedQueueAge:
+		c.queueAge.Add(1)
+	case ShedSlowClient:
+		c.slowClient.Add(1)
+	}
+}
+
 // loginSlots is the semaphore of login slots, with the counters the
 // admission policy and the accept-queue sizer read. Safe for concurrent
 // use.
@@ -510,6 +526,7 @@ read:
 		break // a StartupMessage
 	}
 	p.recorder.LoginFinished(LoginShed, LoginTimings{})
+	p.shedCounts.add(reason)
 	if logged := p.log.Check(zap.InfoLevel, "login refused: overloaded"); logged != nil {
 		fields := []zap.Field{zap.String("reason", string(reason)), zap.String("remote", conn.RemoteAddr().String())}
 		if queueWaitKnown {

@@ -51,6 +51,10 @@ const (
 	sqlstateQueryCanceled            = "57014"
 	sqlstateInvalidStatementName     = "26000"
 	sqlstateInternalError            = "XX000"
+	// The admin console's (console.go).
+	sqlstateConfigFileError = "F0000"
+	sqlstateUndefinedObject = "42704"
+	sqlstateObjectInUse     = "55006"
 )
 
 // clientError is an error that is shown to the client: its SQLSTATE and

@@ -97,6 +97,7 @@ const endedStalledMessage = "pgtender is overloaded: every login slot was taken 
 // told, and the login is counted as shed.
 func (s *session) loginEndedStalled(timings LoginTimings, stage LoginStage) error {
 	s.pooler.recorder.LoginFinished(LoginShed, timings)
+	s.pooler.shedCounts.add(ShedSlowClient)
 	s.sendError(wire.SeverityFatal, sqlstateTooManyConnections, endedStalledMessage)
 	s.logEndedStalled(stage)
 	return errEndedStalled

@@ -127,6 +127,12 @@ type poolStats struct {
 	bytesReceived    atomic.Uint64
 	bytesSent        atomic.Uint64
 	checkoutWait     durationHistogram
+	// logins counts the clients logged in to the pool (SHOW STATS's
+	// client_login_count); assignments the server connections it gave
+	// clients (server_assignment_count), pgtender's own checkouts (login
+	// parameters, settings checks) not counted.
+	logins      atomic.Uint64
+	assignments atomic.Uint64
 	// pinnedClients counts clients whose server connection is pinned to
 	// them (sessionPins).
 	pinnedClients atomic.Int64

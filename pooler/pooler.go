@@ -99,6 +99,15 @@ type Pooler struct {
 	wg               sync.WaitGroup // every goroutine the pooler starts
 	serveStarted     atomic.Bool
 	effectiveBacklog int
+
+	reloadMu     sync.Mutex                   // serialises Reload
+	consoleHooks atomic.Pointer[ConsoleHooks] // SetConsoleHooks; nil: none
+	// shedCounts count the logins admission control refused, by reason
+	// (SHOW LOGINS; the metrics count them under logins_total{result="shed"}).
+	shedCounts shedCounters
+	// consoleStats is SHOW STATS's averages (consolestats.go), replaced
+	// every stats_period.
+	consoleStats atomic.Pointer[statsWindow]
 }
 
 // runtimeState is one immutable configuration generation.
@@ -112,6 +121,9 @@ type runtimeState struct {
 	// serverCAs verify Postgres's certificate under verify_ca and
 	// verify_full; nil: the system's roots.
 	serverCAs *x509.CertPool
+	// adminCredentials check the admin console's password; nil when
+	// [admin] password is empty and the console is closed.
+	adminCredentials *auth.Credentials
 }
 
 // New returns a pooler for cfg, which must come from config.Load. log and
@@ -159,6 +171,11 @@ func newRuntimeState(cfg *config.Config) (*runtimeState, error) {
 	if state.serverCAs, err = cfg.General.LoadServerCA(); err != nil {
 		return nil, err
 	}
+	if cfg.Admin.Password != "" {
+		if state.adminCredentials, err = auth.NewCredentials(cfg.Admin.User, cfg.Admin.Password); err != nil {
+			return nil, fmt.Errorf("[admin] password: %w", err)
+		}
+	}
 	if cfg.General.PassthroughAuth.Enabled() {
 		return state, nil
 	}
@@ -196,6 +213,12 @@ func (p *Pooler) Listen() error {
 	} else {
 		p.log.Info("listening", fields...)
 	}
+	state := p.state.Load()
+	if state.adminCredentials == nil {
+		p.log.Info("the admin console is closed: [admin] password is not set")
+	} else {
+		p.log.Info("admin console open", zap.String("database", state.cfg.Admin.Name), zap.String("user", state.cfg.Admin.User))
+	}
 	return nil
 }
 
@@ -224,8 +247,9 @@ func (p *Pooler) Serve() error {
 		p.wg.Add(1)
 		go p.acceptLoop(l, i)
 	}
-	p.wg.Add(3)
+	p.wg.Add(4)
 	go p.maintenanceLoop()
+	go p.statsLoop()
 	go p.healthLoop()
 	go p.acceptQueueSizer()
 	<-p.done

@@ -629,6 +629,15 @@ func (s *session) editedBuffers(chunk []byte, edits []edit) net.Buffers {
 // and one that sends a CancelRequest gets 57014 (errCanceledWhileWaiting),
 // instead of a connection, its settings and its query run for nobody.
 func (s *session) acquire() (*ServerConn, error) {
+	sc, err := s.acquireFromPool()
+	if err == nil {
+		sc.pool.stats.assignments.Add(1)
+	}
+	return sc, err
+}
+
+// acquireFromPool is acquire without the count.
+func (s *session) acquireFromPool() (*ServerConn, error) {
 	if sc := s.pool.TryAcquireIdle(); sc != nil {
 		return sc, nil
 	}
@@ -666,6 +675,7 @@ func (s *session) watchClientWhileWaiting(ctx context.Context) (context.Context,
 	}
 	s.mu.Lock()
 	s.checkoutCancel = cancel
+	s.waitingSince = time.Now()
 	s.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
@@ -677,6 +687,7 @@ func (s *session) watchClientWhileWaiting(ctx context.Context) (context.Context,
 	return ctx, func() error {
 		s.mu.Lock()
 		s.checkoutCancel = nil
+		s.waitingSince = time.Time{}
 		s.mu.Unlock()
 		_ = s.tcp.SetReadDeadline(time.Now())
 		<-done

@@ -17,6 +17,10 @@ import (
 // again (with the pool settings it now gets). Keys that need a restart
 // are logged.
 func (p *Pooler) Reload(cfg *config.Config) error {
+	// SIGHUP and the console's RELOAD may come at once: each applies its
+	// configuration against the one the other left.
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
 	old := p.state.Load()
 	diff := config.Diff(old.cfg, cfg)
 	if cfg.General.PassthroughAuth != old.cfg.General.PassthroughAuth {

@@ -196,10 +196,13 @@ type session struct {
 	pendingStatements []*preparedStatement
 	user              string
 	database          string
-	pool              *Pool
-	connectedAt       time.Time
-	localReplies      []byte       // scratch for replies pgtender sends itself
-	chunk             chunkSummary // what the last client chunk held
+	// console: the session is on the admin console (console.go), not
+	// relayed; set at login, read-only after.
+	console      bool
+	pool         *Pool
+	connectedAt  time.Time
+	localReplies []byte       // scratch for replies pgtender sends itself
+	chunk        chunkSummary // what the last client chunk held
 
 	wmu sync.Mutex // serialises writes to conn, so messages never interleave
 	// writeDeadline is conn's write deadline after login, as write last
@@ -231,6 +234,9 @@ type session struct {
 	// CancelRequest from its client (Pooler.cancelRequest); nil when it
 	// waits in none. Under mu.
 	checkoutCancel context.CancelCauseFunc
+	// waitingSince is when the checkout the session waits in began (SHOW
+	// CLIENTS's wait); zero when it waits in none. Under mu.
+	waitingSince time.Time
 	// idleTxDeadline is the client socket's read deadline while the client
 	// is idle in a transaction under client_idle_in_transaction_timeout
 	// (timeouts.go); zero when none is set.
@@ -352,7 +358,11 @@ func (s *session) serve() {
 	if err != nil {
 		return
 	}
-	err = s.relay()
+	if s.console {
+		err = s.serveConsole()
+	} else {
+		err = s.relay()
+	}
 	if parked = err == errParked; !parked {
 		s.relayEnded(err)
 	}
@@ -471,6 +481,9 @@ func (s *session) login() error {
 	if err == nil {
 		timings.Total = time.Since(start)
 		p.recorder.LoginFinished(LoginOK, timings)
+		if s.pool != nil {
+			s.pool.stats.logins.Add(1)
+		}
 		_ = s.conn.SetDeadline(time.Time{})
 		s.loggedIn.Store(true)
 		s.setState(stateIdle)
@@ -597,8 +610,8 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	if max := general.MaxClientConnections; max > 0 && p.clientCount.Load() > int64(max) {
 		return fatalError(sqlstateTooManyConnections, "too many client connections (max_client_connections)", nil)
 	}
-	if database == state.cfg.Admin.Name {
-		return fatalError(sqlstateFeatureNotSupported, "the admin console is not available in this version of pgtender", nil)
+	if isConsoleDatabase(state.cfg, database) {
+		return s.consoleLogin(state, timings, stage, start)
 	}
 	if _, ok := state.cfg.Database(database); !ok {
 		return fatalError(sqlstateInvalidCatalogName, fmt.Sprintf("database %q does not exist", database), nil)

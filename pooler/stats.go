@@ -99,6 +99,8 @@ type PoolStats struct {
 	WaitTime          time.Duration // total_wait_time: time clients spent waiting for a server connection
 	ServerConnections uint64        // total_server_connections: server connections opened
 	CheckoutTimeouts  uint64        // checkouts that gave up after checkout_timeout
+	Logins            uint64        // total_client_login_count: clients logged in to the pool
+	Assignments       uint64        // total_server_assignment_count: server connections given to clients
 	CheckoutWait      HistogramSnapshot
 }
 
@@ -125,6 +127,8 @@ func (p *Pooler) PoolStats() []PoolStats {
 			WaitTime:            time.Duration(pool.stats.waitNanos.Load()),
 			ServerConnections:   uint64(pool.stats.serverConnects.Load()),
 			CheckoutTimeouts:    uint64(pool.stats.checkoutTimeouts.Load()),
+			Logins:              pool.stats.logins.Load(),
+			Assignments:         pool.stats.assignments.Load(),
 			CheckoutWait:        pool.stats.checkoutWait.snapshot(),
 			ClientsPinned:       int(pool.stats.pinnedClients.Load()),
 			PreparedStatements:  pool.statements.len(),

@@ -75,19 +75,27 @@ func run(args []string) int {
 	defer log.Sync()
 
 	general := cfg.General
-	// Without a metrics endpoint the pooler keeps its no-op recorder, so
-	// logins pay nothing for metrics nobody scrapes.
-	var recorder *metrics.LoginRecorder
-	var loginRecorder pooler.LoginRecorder // nil: the pooler's no-op
-	if general.OpenMetricsPort != 0 {
-		recorder = metrics.NewLoginRecorder(general.OpenMetricsNamespace)
-		loginRecorder = recorder
-	}
-	p, err := pooler.New(cfg, log, loginRecorder)
+	// The recorder runs with or without a metrics endpoint: the admin
+	// console's SHOW LOGINS reads it too.
+	recorder := metrics.NewLoginRecorder(general.OpenMetricsNamespace)
+	p, err := pooler.New(cfg, log, recorder)
 	if err != nil {
 		log.Error("cannot start", zap.Error(err))
 		return 1
 	}
+	// SHUTDOWN on the console is a SIGTERM that comes from inside.
+	consoleShutdown := make(chan struct{}, 1)
+	p.SetConsoleHooks(pooler.ConsoleHooks{
+		Version: version,
+		Reload:  func() error { return reload(p, log, *configPath, *usersPath) },
+		Shutdown: func() {
+			select {
+			case consoleShutdown <- struct{}{}:
+			default: // one is on its way already
+			}
+		},
+		Logins: func() []pooler.LoginFigure { return append(recorder.Figures(), metrics.ListenFigures(p)...) },
+	})
 	if err := p.Listen(); err != nil {
 		log.Error("cannot listen", zap.Error(err))
 		return 1
@@ -97,7 +105,7 @@ func run(args []string) int {
 	// /metrics shows the drain. They close after. No port, no server.
 	metricsAddress, healthAddress := metrics.Addresses(general.OpenMetricsHost, general.OpenMetricsPort, general.HealthcheckPort)
 	options := metrics.Options{MetricsAddress: metricsAddress, HealthAddress: healthAddress, Ready: p.Ready, Log: log}
-	if recorder != nil {
+	if general.OpenMetricsPort != 0 {
 		options.Gatherer = metrics.NewRegistry(recorder, metrics.NewCollector(general.OpenMetricsNamespace, p, log))
 	}
 	endpoints, err := metrics.Serve(options)
@@ -125,25 +133,29 @@ func run(args []string) int {
 			return 0
 		case sig := <-signals:
 			if sig == syscall.SIGHUP {
-				reload(p, log, *configPath, *usersPath)
+				_ = reload(p, log, *configPath, *usersPath)
 				continue
 			}
-			return drain(p, endpoints, log, sig, signals, func() { reload(p, log, *configPath, *usersPath) })
+			return drain(p, endpoints, log, sig, signals, func() { _ = reload(p, log, *configPath, *usersPath) })
+		case <-consoleShutdown:
+			log.Info("shutting down: SHUTDOWN on the admin console")
+			return drain(p, endpoints, log, syscall.SIGTERM, signals, func() { _ = reload(p, log, *configPath, *usersPath) })
 		}
 	}
 }
 
 // reload re-reads both files; a broken file leaves the running config as
-// it is.
-func reload(p *pooler.Pooler, log *zap.Logger, configPath, usersPath string) {
+// it is, and the error says why (logged here; the console's RELOAD shows
+// it to its caller too).
+func reload(p *pooler.Pooler, log *zap.Logger, configPath, usersPath string) error {
 	cfg, err := config.Load(configPath, usersPath)
+	if err == nil {
+		err = p.Reload(cfg)
+	}
 	if err != nil {
 		log.Error("reload failed; keeping the running configuration", zap.Error(err))
-		return
 	}
-	if err := p.Reload(cfg); err != nil {
-		log.Error("reload failed; keeping the running configuration", zap.Error(err))
-	}
+	return err
 }
 
 // stopEndpoints closes the HTTP endpoints, after the pooler has stopped.
