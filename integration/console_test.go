@@ -345,7 +345,7 @@ func TestConsoleSessionRules(t *testing.T) {
 		}
 	})
 	t.Run("not supported yet", func(t *testing.T) {
-		for _, query := range []string{"PAUSE", "RESUME appdb", "RECONNECT", "DISABLE appdb", "SHUTDOWN WAIT_FOR_CLIENTS"} {
+		for _, query := range []string{"PAUSE", "RESUME appdb", "KILL appdb", "SUSPEND", "SHUTDOWN WAIT_FOR_CLIENTS"} {
 			_, err := conn.PgConn().Exec(ctx, query).ReadAll()
 			if sqlState(err) != "0A000" {
 				t.Errorf("%q: %v, want 0A000", query, err)
@@ -393,6 +393,8 @@ func TestConsoleKillClient(t *testing.T) {
 	if _, err := victim.Exec(ctx, "BEGIN"); err != nil {
 		t.Fatal(err)
 	}
+	held := backendPID(t, ctx, victim)
+	superuser := direct(t, ctx)
 	console := mustConsole(t, ctx, tp.addr, "admin")
 	if _, err := console.PgConn().Exec(ctx, "KILL_CLIENT 4294967295").ReadAll(); sqlState(err) != "42704" {
 		t.Errorf("KILL_CLIENT of no client: %v, want 42704", err)
@@ -411,6 +413,11 @@ func TestConsoleKillClient(t *testing.T) {
 	if err := bystander.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
 		t.Errorf("the other client: %v", err)
 	}
+	// Its transaction was cut: the connection is closed, not rolled back
+	// and given to another client.
+	eventually(t, 10*time.Second, "the killed client's backend to end", func() bool {
+		return !slices.Contains(backendPIDs(t, ctx, superuser), held)
+	})
 	eventually(t, 10*time.Second, "the killed client to leave SHOW CLIENTS", func() bool {
 		return show(t, ctx, console, "clients").find("id", strconv.FormatUint(uint64(victim.PgConn().PID()), 10)) == nil
 	})
@@ -604,5 +611,91 @@ func TestConsoleReloadAndShutdown(t *testing.T) {
 	}
 	if !strings.Contains(pr.output.String(), "SHUTDOWN on the admin console") {
 		t.Error("the shutdown's cause was not logged")
+	}
+}
+
+// TestConsoleDisableEnable refuses new logins to a database with DISABLE,
+// leaves its logged-in clients alone, and admits logins again on ENABLE.
+func TestConsoleDisableEnable(t *testing.T) {
+	tp := consolePooler(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := tp.connect(t, ctx)
+	console := mustConsole(t, ctx, tp.addr, "admin")
+	for query, want := range map[string]string{"DISABLE": "42601", "DISABLE nosuchdb": "42704", "RECONNECT nosuchdb": "42704"} {
+		if _, err := console.PgConn().Exec(ctx, query).ReadAll(); sqlState(err) != want {
+			t.Errorf("%s: %v, want %s", query, err, want)
+		}
+	}
+	if _, err := console.PgConn().Exec(ctx, "DISABLE "+appDB).ReadAll(); err != nil {
+		t.Fatalf("DISABLE: %v", err)
+	}
+	_, err := tp.connectAs(ctx, appUser, appPassword, appDB)
+	if sqlState(err) != "55000" || !strings.Contains(errorMessage(err), "ENABLE") {
+		t.Errorf("a login to a disabled database: %v, want 55000 saying why", err)
+	}
+	if _, err := client.Exec(ctx, "SELECT 1"); err != nil {
+		t.Errorf("a client logged in before DISABLE: %v", err)
+	}
+	if r := show(t, ctx, console, "databases").find("name", appDB); r["disabled"] != "1" {
+		t.Errorf("SHOW DATABASES disabled = %s, want 1", r["disabled"])
+	}
+	if _, err := console.PgConn().Exec(ctx, "enable "+appDB+";").ReadAll(); err != nil {
+		t.Fatalf("ENABLE: %v", err)
+	}
+	again, err := tp.connectAs(ctx, appUser, appPassword, appDB)
+	if err != nil {
+		t.Fatalf("a login after ENABLE: %v", err)
+	}
+	again.Close(ctx)
+	if r := show(t, ctx, console, "databases").find("name", appDB); r["disabled"] != "0" {
+		t.Errorf("SHOW DATABASES disabled = %s after ENABLE, want 0", r["disabled"])
+	}
+}
+
+// TestConsoleReconnect replaces a pool's server connections with RECONNECT:
+// the idle ones at once, the one a client holds in a transaction after
+// the transaction; no client sees an error, and Postgres shows new
+// backends.
+func TestConsoleReconnect(t *testing.T) {
+	tp := consolePooler(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	superuser := direct(t, ctx)
+	holder, other := tp.connect(t, ctx), tp.connect(t, ctx)
+	// Two server connections: the holder's transaction keeps one while
+	// the other client's query takes a second.
+	if _, err := holder.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	held := backendPID(t, ctx, holder)
+	idle := backendPID(t, ctx, other)
+	if held == idle {
+		t.Fatal("the two clients shared a backend")
+	}
+	console := mustConsole(t, ctx, tp.addr, "admin")
+	if _, err := console.PgConn().Exec(ctx, "RECONNECT "+appDB).ReadAll(); err != nil {
+		t.Fatalf("RECONNECT: %v", err)
+	}
+	eventually(t, 10*time.Second, "the idle backend to be closed", func() bool {
+		return !slices.Contains(backendPIDs(t, ctx, superuser), idle)
+	})
+	// The transaction goes on, on its own backend, to its end.
+	if got := backendPID(t, ctx, holder); got != held {
+		t.Errorf("the held transaction moved from backend %d to %d", held, got)
+	}
+	if _, err := holder.Exec(ctx, "COMMIT"); err != nil {
+		t.Fatalf("COMMIT after RECONNECT: %v", err)
+	}
+	eventually(t, 10*time.Second, "the held backend to be closed after its transaction", func() bool {
+		return !slices.Contains(backendPIDs(t, ctx, superuser), held)
+	})
+	for _, c := range []*pgx.Conn{holder, other} {
+		if pid := backendPID(t, ctx, c); pid == held || pid == idle {
+			t.Errorf("a client got old backend %d after RECONNECT", pid)
+		}
+	}
+	if !strings.Contains(tp.logs.String(), `"command":"RECONNECT appdb"`) {
+		t.Error("RECONNECT was not logged as a console command")
 	}
 }

@@ -1,6 +1,7 @@
 package pooler
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -171,7 +172,11 @@ var errConsoleTerminate = io.EOF
 // closes the connection instead). Whatever else the client sends ends
 // the session with 08P01.
 func (s *session) serveConsole() error {
-	reader := wire.NewReader(s.conn, *s.bufRef, maxConsoleMessageLen)
+	// What the client sent after its login's last message (a query
+	// pipelined behind its password) is the console's first input.
+	pending := bytes.Clone(s.reader.Buffered())
+	s.reader = nil
+	reader := wire.NewReader(io.MultiReader(bytes.NewReader(pending), s.conn), *s.bufRef, maxConsoleMessageLen)
 	skipping := false // an extended-protocol batch is being skipped to its Sync
 	for {
 		typ, body, err := reader.ReadMessage()
@@ -239,7 +244,7 @@ func (s *session) runConsoleQuery(query string, dst []byte) []byte {
 		// PgBouncer reads SELECT x as SHOW x (admin.c), for the drivers
 		// that ask for a setting so.
 		return p.consoleShow(dst, strings.ToLower(cmd.Arg))
-	case "RELOAD", "SHUTDOWN", "KILL_CLIENT":
+	case "RELOAD", "SHUTDOWN", "KILL_CLIENT", "DISABLE", "ENABLE", "RECONNECT":
 		p.log.Info("admin console command", s.logFields(zap.String("command", strings.TrimSpace(query)))...)
 	}
 	hooks := p.consoleHooks.Load()
@@ -271,7 +276,26 @@ func (s *session) runConsoleQuery(query string, dst []byte) []byte {
 		return wire.AppendCommandComplete(dst, "SHUTDOWN")
 	case "KILL_CLIENT":
 		return s.killClient(dst, cmd.Arg)
-	case "PAUSE", "RESUME", "RECONNECT", "DISABLE", "ENABLE", "KILL", "SUSPEND", "WAIT_CLOSE", "SET":
+	case "DISABLE", "ENABLE":
+		if cmd.Arg == "" {
+			return consoleError(dst, sqlstateSyntaxError, cmd.Verb+" takes a database name")
+		}
+		if _, ok := p.state.Load().cfg.Database(cmd.Arg); !ok {
+			return consoleError(dst, sqlstateUndefinedObject, "no such database: "+cmd.Arg)
+		}
+		p.setDatabaseDisabled(cmd.Arg, cmd.Verb == "DISABLE")
+		return wire.AppendCommandComplete(dst, cmd.Verb)
+	case "RECONNECT":
+		if cmd.Arg != "" {
+			if _, ok := p.state.Load().cfg.Database(cmd.Arg); !ok {
+				return consoleError(dst, sqlstateUndefinedObject, "no such database: "+cmd.Arg)
+			}
+		}
+		pools, closed := p.reconnectPools(cmd.Arg)
+		p.log.Info("RECONNECT: server connections are replaced as they come back", zap.String("database", cmd.Arg),
+			zap.Int("pools", pools), zap.Int("idle_closed", closed))
+		return wire.AppendCommandComplete(dst, "RECONNECT")
+	case "PAUSE", "RESUME", "KILL", "SUSPEND", "WAIT_CLOSE", "SET":
 		return consoleError(dst, sqlstateFeatureNotSupported, cmd.Verb+" is not supported by pgtender's admin console yet (docs/admin.md)")
 	}
 	return consoleError(dst, sqlstateSyntaxError, (&admin.SyntaxError{Query: query}).Error())
@@ -310,6 +334,7 @@ func (s *session) kill() {
 	}
 	s.endLocked(stateShuttingDown)
 	s.mu.Unlock()
+	s.killed.Store(true)
 	notice := wire.AppendErrorResponse(nil, wire.SeverityFatal, sqlstateAdminShutdown, "terminated by an administrator (KILL_CLIENT)")
 	s.pooler.wg.Add(1)
 	go func() {

@@ -23,6 +23,8 @@ const consoleHelp = `
 	SHOW STATS|STATS_TOTALS|STATS_AVERAGES|LISTS|STATE
 	SHOW LOGINS
 	KILL_CLIENT <id>
+	DISABLE <db>, ENABLE <db>
+	RECONNECT [<db>]
 	RELOAD
 	SHUTDOWN
 	SHUTDOWN WAIT_FOR_SERVERS`
@@ -135,23 +137,30 @@ func (p *Pooler) consoleClients() []consoleClient {
 
 // showPools is SHOW POOLS. cl_active counts the pool's logged-in clients
 // that are not waiting, linked or not, as PgBouncer counts them (an idle
-// client is "active" there); sv_active counts linked server connections,
-// those whose client is idle in a transaction too (sv_idle_xact says how
-// many). docs/admin.md lists the columns that are always 0.
+// client is "active" there), and cl_waiting those waiting: both from the
+// sessions, so that a login waiting in the pool's queue for its first
+// connection counts in neither. sv_active counts linked server
+// connections, those whose client is idle in a transaction too
+// (sv_idle_xact says how many). docs/admin.md lists the columns that are
+// always 0.
 func (p *Pooler) showPools() *admin.Result {
-	clients := make(map[poolKey]int)
+	active := make(map[poolKey]int)
+	waiting := make(map[poolKey]int)
 	for _, c := range p.consoleClients() {
-		if !c.s.console {
-			clients[c.key]++
+		switch {
+		case c.s.console:
+		case c.waiting.IsZero():
+			active[c.key]++
+		default:
+			waiting[c.key]++
 		}
 	}
 	result := admin.Pools.NewResult()
 	for _, st := range sortedPoolStats(p.PoolStats()) {
 		key := poolKey{user: st.User, database: st.Database}
-		active := max(clients[key]-st.ClientsWaiting, 0)
 		linked := st.ServersActive + st.ServersIdleInTransaction
 		login := max(st.ServersTotal-st.ServersIdle-linked-st.ServersTested, 0)
-		result.Add(st.Database, st.User, active, st.ClientsWaiting, 0, 0,
+		result.Add(st.Database, st.User, active[key], waiting[key], 0, 0,
 			linked, 0, 0, st.ServersIdle, 0, st.ServersTested, login,
 			int(st.MaxWait/time.Second), int(st.MaxWait%time.Second/time.Microsecond), string(st.Mode), nil,
 			st.ServersIdleInTransaction, st.ClientsPinned, st.Size)
@@ -268,11 +277,18 @@ func (p *Pooler) showServers() *admin.Result {
 		pools = append(pools, pool)
 	}
 	p.poolsMu.Unlock()
+	linked := make(map[*ServerConn]bool, len(rows))
+	for _, r := range rows {
+		linked[r.sc] = true
+	}
 	for _, pool := range pools {
 		// The pool's lock guards its idle connections' fields: nothing
 		// else touches a connection while it is idle.
 		pool.mu.Lock()
 		for _, sc := range pool.idle {
+			if linked[sc] {
+				continue // released since its client was read: listed once, as linked
+			}
 			rows = append(rows, row{sc: sc, requestTime: sc.idleSince,
 				applicationName: sc.settings["application_name"].value, statements: sc.statements.lru.Len()})
 		}
@@ -324,9 +340,13 @@ func (p *Pooler) showDatabases() *admin.Result {
 			minPoolSize = cfg.General.MinPoolSize
 		}
 		mode := cmp.Or(db.PoolerMode, cfg.General.PoolerMode)
+		disabled := 0
+		if p.databaseDisabled(db.Name) {
+			disabled = 1
+		}
 		result.Add(db.Name, db.Host, db.Port, serverDatabase, db.User, poolSize, minPoolSize, 0,
 			int(cfg.General.ServerLifetime.Duration()/time.Second), string(mode), nil,
-			0, servers[db.Name], 0, clients[db.Name], 0, 0)
+			0, servers[db.Name], 0, clients[db.Name], 0, disabled)
 	}
 	return result
 }
@@ -417,10 +437,16 @@ func (p *Pooler) showLists() *admin.Result {
 	for _, st := range stats {
 		idle += st.ServersIdle
 	}
-	passthrough := len(p.registry.Keys())
+	users := make(map[poolKey]bool, len(cfg.Users))
+	for _, u := range cfg.Users {
+		users[poolKey{user: u.Name, database: u.Database}] = true
+	}
+	for _, k := range p.registry.Keys() {
+		users[poolKey{user: k.User, database: k.Database}] = true
+	}
 	result := admin.Lists.NewResult()
 	result.Add("databases", len(cfg.Databases))
-	result.Add("users", len(cfg.Users)+passthrough)
+	result.Add("users", len(users))
 	result.Add("peers", 0)
 	result.Add("pools", len(stats))
 	result.Add("peer_pools", 0)

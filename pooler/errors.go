@@ -55,6 +55,10 @@ const (
 	sqlstateConfigFileError = "F0000"
 	sqlstateUndefinedObject = "42704"
 	sqlstateObjectInUse     = "55006"
+	// sqlstateObjectNotInPrerequisiteState: a database DISABLEd on the
+	// admin console (Postgres answers 55000 to a login to a database
+	// that does not allow connections).
+	sqlstateObjectNotInPrerequisiteState = "55000"
 )
 
 // clientError is an error that is shown to the client: its SQLSTATE and

@@ -51,8 +51,8 @@ type poolSettings struct {
 // an idle connection, opens a new one while the pool is below its size, or
 // waits in line (FIFO) for one to come back, up to checkout_timeout.
 //
-// mu guards idle, waiters, total and closed; settings, counters and params
-// are read without it.
+// mu guards idle, waiters, total, closed and reconnectBefore; settings,
+// counters and params are read without it.
 type Pool struct {
 	key       poolKey
 	createdAt time.Time
@@ -68,6 +68,9 @@ type Pool struct {
 	// sweeping: a background health check of idle connections is running
 	// (takeForIdleCheck).
 	sweeping bool
+	// reconnectBefore: connections opened before it are closed when they
+	// come back rather than kept (reconnect).
+	reconnectBefore time.Time
 
 	// params is the ParameterStatus set sent to clients at login, as the
 	// server connections opened last reported it (serverparams.go);
@@ -420,6 +423,14 @@ func (p *Pool) putBack(sc *ServerConn, idleSince time.Time) {
 		sc.close()
 		return
 	}
+	if sc.createdAt.Before(p.reconnectBefore) {
+		// Replaced by a RECONNECT: a waiter opens a new one instead.
+		p.total--
+		p.handOffCapacityLocked()
+		p.mu.Unlock()
+		sc.close()
+		return
+	}
 	if len(p.waiters) > 0 {
 		waiter := p.waiters[0]
 		p.waiters = p.waiters[1:]
@@ -645,6 +656,24 @@ func (p *Pool) close() {
 	for _, w := range waiters {
 		w.ch <- nil
 	}
+}
+
+// reconnect replaces the pool's server connections without failing a
+// client, as PgBouncer's RECONNECT does: the idle ones are closed now, and
+// those in use are closed when their client gives them back (putBack);
+// new ones are opened as clients need them. It returns how many idle
+// connections it closed.
+func (p *Pool) reconnect(now time.Time) int {
+	p.mu.Lock()
+	p.reconnectBefore = now
+	idle := p.idle
+	p.idle = nil
+	p.total -= len(idle)
+	p.mu.Unlock()
+	for _, sc := range idle {
+		sc.close()
+	}
+	return len(idle)
 }
 
 // poolSnapshot is a pool's occupancy at one moment, for tests and logs;

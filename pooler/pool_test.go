@@ -576,3 +576,38 @@ func TestPoolAccountingUnderContention(t *testing.T) {
 		pool.Release(sc)
 	}
 }
+
+// TestPoolReconnect: RECONNECT closes the idle connections at once, and
+// one in use when it comes back, handing its capacity to a waiter, who
+// opens a new connection; a connection opened after it is kept.
+func TestPoolReconnect(t *testing.T) {
+	pool, pc := testPool(t, poolSettings{size: 2})
+	inUse, idle := mustAcquire(t, pool), mustAcquire(t, pool)
+	pool.Release(idle)
+	time.Sleep(time.Millisecond) // the mark must come after the connections' creation
+	if closed := pool.reconnect(time.Now()); closed != 1 {
+		t.Fatalf("reconnect closed %d idle connections, want 1", closed)
+	}
+	if st := pool.snapshot(); st.Idle != 0 || st.Total != 1 {
+		t.Fatalf("after reconnect: %+v, want the one in use only", st)
+	}
+	// The pool is below its size again: a checkout opens a new connection.
+	fresh := mustAcquire(t, pool)
+	if fresh == idle || fresh == inUse {
+		t.Fatal("a checkout after RECONNECT got an old connection")
+	}
+	w := goAcquire(t, pool, waitTimeout)
+	pool.Release(inUse) // old: closed, its capacity to the waiter
+	got := recvWithin(t, w, "second waiter")
+	if got.err != nil || got.sc == inUse {
+		t.Fatalf("waiter got %v, %v; want a new connection", got.sc, got.err)
+	}
+	pool.Release(got.sc)
+	pool.Release(fresh)
+	if st := pool.snapshot(); st.Idle != 2 || st.Total != 2 {
+		t.Errorf("new connections back: %+v, want 2 idle", st)
+	}
+	if pc.opened.Load() != 4 || pc.closed.Load() != 2 {
+		t.Errorf("opened %d, closed %d; want 4 and 2", pc.opened.Load(), pc.closed.Load())
+	}
+}

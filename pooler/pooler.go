@@ -100,7 +100,11 @@ type Pooler struct {
 	serveStarted     atomic.Bool
 	effectiveBacklog int
 
-	reloadMu     sync.Mutex                   // serialises Reload
+	reloadMu sync.Mutex // serialises Reload
+	// disabled are the databases DISABLEd on the console (control.go):
+	// replaced, never changed in place; disabledMu serialises writers.
+	disabled     atomic.Pointer[map[string]bool]
+	disabledMu   sync.Mutex
 	consoleHooks atomic.Pointer[ConsoleHooks] // SetConsoleHooks; nil: none
 	// shedCounts count the logins admission control refused, by reason
 	// (SHOW LOGINS; the metrics count them under logins_total{result="shed"}).

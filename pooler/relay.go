@@ -1312,9 +1312,11 @@ func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, t
 		_ = sendCancel(ctx, sc.address, sc.processID, sc.secretKey)
 		cancel()
 	}
-	if s.untrackedSettings {
+	if s.untrackedSettings || s.killed.Load() {
 		// Its session may carry a custom parameter no one can name to
-		// reset: not clean whatever a rollback or a probe would find.
+		// reset: not clean whatever a rollback or a probe would find. Or
+		// an operator ended the client (KILL_CLIENT), whose transaction
+		// is cut: it goes with its connection, as in PgBouncer.
 		if unfinishable || pending > 0 {
 			cancelRunning()
 		}

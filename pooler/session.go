@@ -198,7 +198,11 @@ type session struct {
 	database          string
 	// console: the session is on the admin console (console.go), not
 	// relayed; set at login, read-only after.
-	console      bool
+	console bool
+	// killed: an operator ended the session (KILL_CLIENT): a server
+	// connection it held is closed, not cleaned and returned
+	// (returnServer).
+	killed       atomic.Bool
 	pool         *Pool
 	connectedAt  time.Time
 	localReplies []byte       // scratch for replies pgtender sends itself
@@ -615,6 +619,10 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	}
 	if _, ok := state.cfg.Database(database); !ok {
 		return fatalError(sqlstateInvalidCatalogName, fmt.Sprintf("database %q does not exist", database), nil)
+	}
+	if p.databaseDisabled(database) {
+		return fatalError(sqlstateObjectNotInPrerequisiteState,
+			fmt.Sprintf("database %q does not allow connections: disabled on pgtender's admin console (ENABLE)", database), nil)
 	}
 	requested, refused := startupSettingsOf(&startup)
 	if refused != nil {

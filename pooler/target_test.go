@@ -355,7 +355,9 @@ func TestServerThatNeverAnswersIsMarkedDown(t *testing.T) {
 	h := newHarness(t, func(cfg *config.Config) {
 		cfg.General.DefaultPoolSize = 2
 		cfg.General.ConnectTimeout = 300
-		cfg.General.CheckoutTimeout = 300
+		// Well past connect_timeout, so that under load the checkout does
+		// not run out before the connect it waits for.
+		cfg.General.CheckoutTimeout = 3000
 	})
 	holder := h.connect()
 	mustExec(t, holder, "BEGIN") // holds the pool's first server connection
