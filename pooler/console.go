@@ -323,6 +323,10 @@ func (s *session) killClient(dst []byte, arg string) []byte {
 	return wire.AppendCommandComplete(dst, "KILL_CLIENT")
 }
 
+// errKilled ends a session an operator ended (kill), which has told its
+// client already.
+var errKilled = errors.New("terminated by an administrator (KILL_CLIENT)")
+
 // kill ends the session for an operator: the client is told 57P01 and its
 // socket is closed; a server connection linked in a transaction is
 // closed rather than returned (finish), since its transaction is cut.

@@ -530,6 +530,9 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 		if s.stateLocked() >= stateShuttingDown || s.pooler.draining.Load() {
 			s.mu.Unlock()
 			s.pool.Release(sc)
+			if s.killed.Load() {
+				return errKilled // told by kill already
+			}
 			return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
 		}
 		s.linkServer(sc)
