@@ -19,10 +19,8 @@ import (
 	"github.com/pgtender/pgtender/pooler/admin"
 )
 
-// The admin console, driven as operators and exporters drive it: pgx in
-// simple protocol mode (as prometheus-community's pgbouncer_exporter,
-// through lib/pq, does), psql, and Debian's PgBouncer beside it for the
-// columns.
+// The admin console, driven with pgx in simple protocol mode and with
+// psql, and Debian's PgBouncer beside it for the columns.
 
 const (
 	consoleUser     = "admin"
@@ -599,6 +597,15 @@ func TestConsoleReloadAndShutdown(t *testing.T) {
 	if got := backendPID(t, ctx, client); got != pid {
 		t.Errorf("the server connection changed across a pool-size RELOAD: %d -> %d", pid, got)
 	}
+	// SHOW LOGINS through the binary's hooks: the recorder counted the
+	// logins so far (the client, the console), the kernel its queues.
+	logins := show(t, ctx, console, "logins")
+	if r := logins.find("name", "logins_ok"); r == nil || atoi(t, r["value"]) < 2 {
+		t.Errorf("SHOW LOGINS logins_ok %v, want the client's and the console's logins", r)
+	}
+	if r := logins.find("name", "listen_queue_capacity.worker0"); r == nil || atoi(t, r["value"]) == 0 {
+		t.Errorf("SHOW LOGINS listen_queue_capacity.worker0 %v", r)
+	}
 	if !strings.Contains(pr.output.String(), `"command":"RELOAD"`) {
 		t.Error("RELOAD was not logged as a console command")
 	}
@@ -698,4 +705,27 @@ func TestConsoleReconnect(t *testing.T) {
 	if !strings.Contains(tp.logs.String(), `"command":"RECONNECT appdb"`) {
 		t.Error("RECONNECT was not logged as a console command")
 	}
+}
+
+// TestConsoleStatsAverages shows SHOW STATS_AVERAGES moving with the load:
+// with stats_period at its least, transactions run through the pool give
+// a nonzero rate in a window that holds them.
+func TestConsoleStatsAverages(t *testing.T) {
+	tp := consolePooler(t, "stats_period = 1000")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := tp.connect(t, ctx)
+	console := mustConsole(t, ctx, tp.addr, "admin")
+	if r := show(t, ctx, console, "stats_averages").find("database", appDB); r == nil || r["xact_count"] != "0" {
+		t.Fatalf("averages before any transaction: %v, want 0", r)
+	}
+	eventually(t, 10*time.Second, "a nonzero avg xact_count", func() bool {
+		for range 20 {
+			if _, err := client.Exec(ctx, "SELECT 1"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := show(t, ctx, console, "stats_averages").find("database", appDB)
+		return r != nil && atoi(t, r["xact_count"]) > 0 && atoi(t, r["query_count"]) > 0
+	})
 }

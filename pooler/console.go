@@ -132,20 +132,17 @@ func (s *session) consoleLogin(state *runtimeState, timings *LoginTimings, stage
 	}
 	reply = wire.AppendBackendKeyData(reply, s.processID, s.secret)
 	reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
-	if p.draining.Load() {
-		return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
-	}
-	if err := s.write(reply); err != nil {
+	if err := s.sendWelcome(reply, timings, readyStart); err != nil {
 		return err
 	}
-	timings.Ready = time.Since(readyStart)
 	p.log.Info("admin console login", s.logFields()...)
 	return nil
 }
 
 // consoleParameters are the ParameterStatus values the console sends at
-// login, PgBouncer's (admin.c, admin_welcome), so that drivers which read
-// server_version or client_encoding start cleanly.
+// login, PgBouncer's (src/admin.c, admin_setup: its server_version is
+// "<version>/bouncer"), so that drivers which read server_version or
+// client_encoding start cleanly.
 func consoleParameters(p *Pooler) [][2]string {
 	version := "pgtender"
 	if hooks := p.consoleHooks.Load(); hooks != nil && hooks.Version != "" {

@@ -30,8 +30,9 @@ const consoleHelp = `
 	SHUTDOWN WAIT_FOR_SERVERS`
 
 // consoleSettingAnswers are the one-column SHOWs PgBouncer answers for
-// drivers that ask for a setting at connect (admin.c, admin_show_fake),
-// with the values the console's ParameterStatus gave.
+// drivers that ask for a setting at connect (src/admin.c, fake_show and
+// fake_param_list), with its values, except client_encoding: PgBouncer
+// says "UTF-8" there, pgtender what the console's ParameterStatus said.
 var consoleSettingAnswers = map[string]string{
 	"client_encoding":               "UTF8",
 	"default_transaction_isolation": "read committed",
@@ -144,28 +145,50 @@ func (p *Pooler) consoleClients() []consoleClient {
 // (sv_idle_xact says how many). docs/admin.md lists the columns that are
 // always 0.
 func (p *Pooler) showPools() *admin.Result {
-	active := make(map[poolKey]int)
-	waiting := make(map[poolKey]int)
-	for _, c := range p.consoleClients() {
-		switch {
-		case c.s.console:
-		case c.waiting.IsZero():
-			active[c.key]++
-		default:
-			waiting[c.key]++
-		}
-	}
+	clients := p.poolClients()
 	result := admin.Pools.NewResult()
 	for _, st := range sortedPoolStats(p.PoolStats()) {
-		key := poolKey{user: st.User, database: st.Database}
+		c := clients[poolKey{user: st.User, database: st.Database}]
 		linked := st.ServersActive + st.ServersIdleInTransaction
 		login := max(st.ServersTotal-st.ServersIdle-linked-st.ServersTested, 0)
-		result.Add(st.Database, st.User, active[key], waiting[key], 0, 0,
+		maxwait, maxwaitMicros := secondsAndMicros(st.MaxWait)
+		result.Add(st.Database, st.User, c.active, c.waiting, 0, 0,
 			linked, 0, 0, st.ServersIdle, 0, st.ServersTested, login,
-			int(st.MaxWait/time.Second), int(st.MaxWait%time.Second/time.Microsecond), string(st.Mode), nil,
+			maxwait, maxwaitMicros, string(st.Mode), nil,
 			st.ServersIdleInTransaction, st.ClientsPinned, st.Size)
 	}
 	return result
+}
+
+// poolClientCount is one pool's logged-in clients: waiting for a server
+// connection, and the others.
+type poolClientCount struct{ active, waiting int }
+
+func (c poolClientCount) total() int { return c.active + c.waiting }
+
+// poolClients counts the logged-in clients of each pool, the console's
+// left out.
+func (p *Pooler) poolClients() map[poolKey]poolClientCount {
+	counts := make(map[poolKey]poolClientCount)
+	for _, c := range p.consoleClients() {
+		if c.s.console {
+			continue
+		}
+		n := counts[c.key]
+		if c.waiting.IsZero() {
+			n.active++
+		} else {
+			n.waiting++
+		}
+		counts[c.key] = n
+	}
+	return counts
+}
+
+// secondsAndMicros splits d as PgBouncer's wait and wait_us columns do:
+// whole seconds, and the microseconds beyond them.
+func secondsAndMicros(d time.Duration) (int, int) {
+	return int(d / time.Second), int(d % time.Second / time.Microsecond)
 }
 
 // sortedPoolStats orders pools by database, then user, as PgBouncer lists
@@ -177,8 +200,9 @@ func sortedPoolStats(stats []PoolStats) []PoolStats {
 	return stats
 }
 
-// consoleTime is how the console writes a moment, as PgBouncer does
-// (admin.c, format_time_s): UTC, to the second.
+// consoleTime is how the console writes a moment, in PgBouncer's format
+// (lib/usual/time.c, format_time_s, for its 'T' columns), to the second;
+// in UTC, where PgBouncer uses the local time zone.
 func consoleTime(t time.Time) any {
 	if t.IsZero() {
 		return nil
@@ -239,14 +263,11 @@ func (p *Pooler) showClients() *admin.Result {
 		}
 		addr, port := addrParts(s.tcp.RemoteAddr())
 		localAddr, localPort := addrParts(s.tcp.LocalAddr())
-		var link string
-		if c.server != nil {
-			link = pointerText(c.server)
-		}
+		waitSeconds, waitMicros := secondsAndMicros(wait)
 		// s.conn is replaced only during login, which has ended.
 		result.Add("C", s.user, s.database, "none", state, addr, port, localAddr, localPort,
-			consoleTime(s.connectedAt), nil, int(wait/time.Second), int(wait%time.Second/time.Microsecond), 0,
-			pointerText(s), link, 0, tlsText(s.conn), c.applicationName, c.statements, int64(s.processID))
+			consoleTime(s.connectedAt), nil, waitSeconds, waitMicros, 0,
+			pointerText(s), pointerText(c.server), 0, tlsText(s.conn), c.applicationName, c.statements, int64(s.processID))
 	}
 	return result
 }
@@ -271,12 +292,7 @@ func (p *Pooler) showServers() *admin.Result {
 			rows = append(rows, row{sc: c.server, client: c.s, applicationName: c.serverApplicationName, statements: c.serverStatements})
 		}
 	}
-	p.poolsMu.Lock()
-	pools := make([]*Pool, 0, len(p.pools))
-	for _, pool := range p.pools {
-		pools = append(pools, pool)
-	}
-	p.poolsMu.Unlock()
+	pools := p.poolList()
 	linked := make(map[*ServerConn]bool, len(rows))
 	for _, r := range rows {
 		linked[r.sc] = true
@@ -326,10 +342,8 @@ func (p *Pooler) showDatabases() *admin.Result {
 		servers[st.Database] += st.ServersTotal
 	}
 	clients := make(map[string]int)
-	for _, c := range p.consoleClients() {
-		if !c.s.console {
-			clients[c.key.database]++
-		}
+	for key, c := range p.poolClients() {
+		clients[key.database] += c.total()
 	}
 	result := admin.Databases.NewResult()
 	for _, db := range sortedDatabases(cfg) {
@@ -366,12 +380,7 @@ func (p *Pooler) showUsers() *admin.Result {
 	for _, st := range p.PoolStats() {
 		servers[poolKey{user: st.User, database: st.Database}] += st.ServersTotal
 	}
-	clients := make(map[poolKey]int)
-	for _, c := range p.consoleClients() {
-		if !c.s.console {
-			clients[c.key]++
-		}
-	}
+	clients := p.poolClients()
 	type entry struct {
 		key    poolKey
 		source string
@@ -400,7 +409,7 @@ func (p *Pooler) showUsers() *admin.Result {
 		if ok {
 			poolSize, mode = strconv.Itoa(settings.PoolSize), string(settings.PoolerMode)
 		}
-		result.Add(e.key.user, poolSize, "0", mode, 0, servers[e.key], 0, clients[e.key], e.key.database, e.source)
+		result.Add(e.key.user, poolSize, "0", mode, 0, servers[e.key], 0, clients[e.key].total(), e.key.database, e.source)
 	}
 	return result
 }

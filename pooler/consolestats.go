@@ -80,20 +80,23 @@ func (p *Pooler) statsLoop() {
 	}
 }
 
-// average is one database's averages over the window.
-type average struct {
-	assignments, transactions, queries, received, sent uint64 // per second
-	waitMicros                                         uint64 // per assignment
-	serverParses, logins                               uint64 // per second
+// row is the totals as SHOW STATS's columns after database (in the
+// order totals and averages share), with NULL where pgtender does not
+// measure: transaction and query times, clients' Parses and Binds.
+func (t databaseTotals) row() []any {
+	return []any{t.assignments, t.transactions, t.queries, t.received, t.sent,
+		nil, nil, t.waitMicros, nil, t.serverParses, nil, t.logins}
 }
 
-func (w *statsWindow) average(database string) average {
+// average is one database's averages over the window, in a databaseTotals:
+// counts per second, waitMicros per assignment.
+func (w *statsWindow) average(database string) databaseTotals {
 	if w == nil || w.previous == nil {
-		return average{}
+		return databaseTotals{}
 	}
 	elapsed := w.at.Sub(w.previousAt)
 	if elapsed <= 0 {
-		return average{}
+		return databaseTotals{}
 	}
 	now, before := w.totals[database], w.previous[database]
 	perSecond := func(a, b uint64) uint64 {
@@ -102,7 +105,7 @@ func (w *statsWindow) average(database string) average {
 		}
 		return uint64(float64(a-b) / elapsed.Seconds())
 	}
-	avg := average{
+	avg := databaseTotals{
 		assignments:  perSecond(now.assignments, before.assignments),
 		transactions: perSecond(now.transactions, before.transactions),
 		queries:      perSecond(now.queries, before.queries),
@@ -133,14 +136,10 @@ func (p *Pooler) showStats(table *admin.Table, totals, averages bool) *admin.Res
 	for _, name := range names {
 		row := []any{name}
 		if totals {
-			t := current[name]
-			row = append(row, t.assignments, t.transactions, t.queries, t.received, t.sent,
-				nil, nil, t.waitMicros, nil, t.serverParses, nil, t.logins)
+			row = append(row, current[name].row()...)
 		}
 		if averages {
-			a := window.average(name)
-			row = append(row, a.assignments, a.transactions, a.queries, a.received, a.sent,
-				nil, nil, a.waitMicros, nil, a.serverParses, nil, a.logins)
+			row = append(row, window.average(name).row()...)
 		}
 		result.Add(row...)
 	}

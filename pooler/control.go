@@ -41,16 +41,11 @@ func (p *Pooler) setDatabaseDisabled(database string, disabled bool) {
 // connections it closed.
 func (p *Pooler) reconnectPools(database string) (pools, closed int) {
 	now := time.Now()
-	p.poolsMu.Lock()
-	var marked []*Pool
-	for key, pool := range p.pools {
-		if database == "" || key.database == database {
-			marked = append(marked, pool)
+	for _, pool := range p.poolList() {
+		if database == "" || pool.key.database == database {
+			pools++
+			closed += pool.reconnect(now)
 		}
 	}
-	p.poolsMu.Unlock()
-	for _, pool := range marked {
-		closed += pool.reconnect(now)
-	}
-	return len(marked), closed
+	return pools, closed
 }

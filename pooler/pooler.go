@@ -629,6 +629,17 @@ func (p *Pooler) verifyPassthrough(ctx context.Context, key auth.Key, password s
 	return nil
 }
 
+// poolList returns the pools now, for loops that must not hold poolsMu.
+func (p *Pooler) poolList() []*Pool {
+	p.poolsMu.Lock()
+	defer p.poolsMu.Unlock()
+	pools := make([]*Pool, 0, len(p.pools))
+	for _, pool := range p.pools {
+		pools = append(pools, pool)
+	}
+	return pools
+}
+
 // maintenanceLoop closes idle and old server connections and tops pools up
 // to min_pool_size, once per maintenanceInterval.
 func (p *Pooler) maintenanceLoop() {
@@ -640,13 +651,7 @@ func (p *Pooler) maintenanceLoop() {
 		case <-p.done:
 			return
 		case now := <-ticker.C:
-			p.poolsMu.Lock()
-			pools := make([]*Pool, 0, len(p.pools))
-			for _, pool := range p.pools {
-				pools = append(pools, pool)
-			}
-			p.poolsMu.Unlock()
-			for _, pool := range pools {
+			for _, pool := range p.poolList() {
 				if missing := pool.maintain(now); missing > 0 && pool.growAllowed(now) {
 					p.wg.Add(1)
 					go p.growPool(pool)

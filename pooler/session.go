@@ -686,7 +686,13 @@ func (s *session) loginPhases(state *runtimeState, deadline time.Time, timings *
 	reply = wire.AppendBackendKeyData(reply, s.processID, s.secret)
 	reply = wire.AppendReadyForQuery(reply, wire.TxIdle)
 	*replyRef = reply // grown, if it had to, for the next login
-	if p.draining.Load() {
+	return s.sendWelcome(reply, timings, readyStart)
+}
+
+// sendWelcome ends a login: it sends reply (AuthenticationOk to
+// ReadyForQuery) unless a drain began meanwhile, and times the ready phase.
+func (s *session) sendWelcome(reply []byte, timings *LoginTimings, readyStart time.Time) error {
+	if s.pooler.draining.Load() {
 		return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
 	}
 	if err := s.write(reply); err != nil {

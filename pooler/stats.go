@@ -108,13 +108,8 @@ type PoolStats struct {
 // classify linked server connections, so it costs O(clients) and is meant
 // for scrapes and the admin console, not for the hot path.
 func (p *Pooler) PoolStats() []PoolStats {
-	p.poolsMu.Lock()
-	pools := make(map[*Pool]*PoolStats, len(p.pools))
-	order := make([]*Pool, 0, len(p.pools))
-	for _, pool := range p.pools {
-		order = append(order, pool)
-	}
-	p.poolsMu.Unlock()
+	order := p.poolList()
+	pools := make(map[*Pool]*PoolStats, len(order))
 	now := time.Now()
 	for _, pool := range order {
 		settings := pool.settings.Load()

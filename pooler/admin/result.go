@@ -9,9 +9,10 @@ import (
 	"github.com/pgtender/pgtender/pooler/wire"
 )
 
-// Type is a column's type OID, one of the four PgBouncer's console sends
-// (pktbuf.c, pktbuf_write_RowDescription): exporters that scan a column
-// into a number rely on it.
+// Type is a column's type OID, one of the four the SHOW tables use of
+// those PgBouncer's console sends (src/pktbuf.c,
+// pktbuf_write_RowDescription): exporters that scan a column into a
+// number rely on it.
 type Type uint32
 
 const (
