@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -343,7 +344,7 @@ func TestConsoleSessionRules(t *testing.T) {
 		}
 	})
 	t.Run("not supported yet", func(t *testing.T) {
-		for _, query := range []string{"PAUSE", "RESUME appdb", "KILL appdb", "SUSPEND", "SHUTDOWN WAIT_FOR_CLIENTS"} {
+		for _, query := range []string{"KILL appdb", "SUSPEND", "WAIT_CLOSE"} {
 			_, err := conn.PgConn().Exec(ctx, query).ReadAll()
 			if sqlState(err) != "0A000" {
 				t.Errorf("%q: %v, want 0A000", query, err)
@@ -728,4 +729,279 @@ func TestConsoleStatsAverages(t *testing.T) {
 		r := show(t, ctx, console, "stats_averages").find("database", appDB)
 		return r != nil && atoi(t, r["xact_count"]) > 0 && atoi(t, r["query_count"]) > 0
 	})
+}
+
+// consoleExec runs one console command, for its error.
+func consoleExec(ctx context.Context, console *pgx.Conn, command string) error {
+	_, err := console.PgConn().Exec(ctx, command).ReadAll()
+	return err
+}
+
+// goConsoleExec runs command on console in a goroutine; the channel gets
+// its error.
+func goConsoleExec(ctx context.Context, console *pgx.Conn, command string) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- consoleExec(ctx, console, command) }()
+	return done
+}
+
+// goExec runs sql on conn in a goroutine; the channel gets its error.
+func goExec(ctx context.Context, conn *pgx.Conn, sql string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(ctx, sql)
+		done <- err
+	}()
+	return done
+}
+
+// notWithin fails t if done yields within d: what it waits for must still
+// be held.
+func notWithin(t *testing.T, done <-chan error, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		t.Fatalf("%s returned early: %v", what, err)
+	case <-time.After(d):
+	}
+}
+
+// within waits up to d for done and returns its error.
+func within(t *testing.T, done <-chan error, d time.Duration, what string) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		t.Fatalf("%s did not return within %v", what, d)
+		return nil
+	}
+}
+
+// pauseScene is what the PAUSE tests start from: a pooler whose
+// checkout_timeout outlasts them, a client in a transaction (holder),
+// another client logged in (other), and two console sessions.
+type pauseScene struct {
+	tp                              *testPooler
+	holder, other, console, watcher *pgx.Conn
+}
+
+func newPauseScene(t *testing.T, ctx context.Context) pauseScene {
+	t.Helper()
+	tp := consolePooler(t, "checkout_timeout = 30000")
+	scene := pauseScene{tp: tp, holder: tp.connect(t, ctx), other: tp.connect(t, ctx)}
+	if _, err := scene.holder.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	scene.console, scene.watcher = mustConsole(t, ctx, tp.addr, "admin"), mustConsole(t, ctx, tp.addr, "pgbouncer")
+	return scene
+}
+
+// TestConsolePauseResume: PAUSE waits for the transaction in flight, closes
+// the pool's backends, holds a new transaction until RESUME, and shows in
+// SHOW DATABASES; the errors PgBouncer gives (nothing to resume, no such
+// database) come with SQLSTATEs.
+func TestConsolePauseResume(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	superuser := direct(t, ctx)
+	scene := newPauseScene(t, ctx)
+	tp, holder, waiter, console, watcher := scene.tp, scene.holder, scene.other, scene.console, scene.watcher
+	held := backendPID(t, ctx, holder)
+
+	paused := goConsoleExec(ctx, console, "PAUSE "+appDB)
+	eventually(t, 10*time.Second, "the idle backends to be closed by PAUSE", func() bool {
+		return slices.Equal(backendPIDs(t, ctx, superuser), []int32{held})
+	})
+	notWithin(t, paused, 200*time.Millisecond, "PAUSE with a transaction in flight")
+	if r := show(t, ctx, watcher, "databases").find("name", appDB); r == nil || r["paused"] != "1" {
+		t.Errorf("SHOW DATABASES while pausing: %v, want paused 1", r)
+	}
+	// The transaction in flight goes on; a new one waits.
+	if got := backendPID(t, ctx, holder); got != held {
+		t.Errorf("the transaction in flight moved from backend %d to %d", held, got)
+	}
+	queried := goExec(ctx, waiter, "SELECT 1")
+	eventually(t, 10*time.Second, "the new transaction to wait in line", func() bool {
+		r := show(t, ctx, watcher, "pools").find("database", appDB)
+		return r != nil && r["cl_waiting"] == "1"
+	})
+	if _, err := holder.Exec(ctx, "COMMIT"); err != nil {
+		t.Fatalf("COMMIT while pausing: %v", err)
+	}
+	if err := within(t, paused, 10*time.Second, "PAUSE"); err != nil {
+		t.Fatalf("PAUSE: %v", err)
+	}
+	if pids := backendPIDs(t, ctx, superuser); len(pids) != 0 {
+		t.Errorf("backends left when PAUSE returned: %v", pids)
+	}
+	notWithin(t, queried, 200*time.Millisecond, "a transaction while paused")
+	if err := consoleExec(ctx, watcher, "PAUSE nosuchdb"); sqlState(err) != "42704" {
+		t.Errorf("PAUSE of no database: %v, want 42704", err)
+	}
+
+	if err := consoleExec(ctx, console, "RESUME "+appDB); err != nil {
+		t.Fatalf("RESUME: %v", err)
+	}
+	if err := within(t, queried, 10*time.Second, "the held transaction after RESUME"); err != nil {
+		t.Fatalf("the held transaction after RESUME: %v", err)
+	}
+	if _, err := holder.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatalf("a transaction after RESUME: %v", err)
+	}
+	if r := show(t, ctx, watcher, "databases").find("name", appDB); r == nil || r["paused"] != "0" {
+		t.Errorf("SHOW DATABASES after RESUME: %v, want paused 0", r)
+	}
+	if err := consoleExec(ctx, console, "RESUME "+appDB); sqlState(err) != "55000" {
+		t.Errorf("RESUME of a database not paused: %v, want 55000", err)
+	}
+	if err := consoleExec(ctx, console, "RESUME"); sqlState(err) != "55000" {
+		t.Errorf("RESUME with nothing paused: %v, want 55000", err)
+	}
+	for _, command := range []string{"PAUSE " + appDB, "RESUME " + appDB} {
+		if !strings.Contains(tp.logs.String(), `"command":"`+command+`"`) {
+			t.Errorf("%s was not logged as a console command", command)
+		}
+	}
+}
+
+// TestConsolePauseCanceled: PAUSE of the whole pooler shows in SHOW
+// STATE, and a CancelRequest from its client (psql's ^C) ends the wait
+// with 57014 and resumes, as PgBouncer's cancel of a PAUSE does: the
+// transaction that held it up and a new one both go on.
+func TestConsolePauseCanceled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	scene := newPauseScene(t, ctx)
+	holder, other, console, watcher := scene.holder, scene.other, scene.console, scene.watcher
+	paused := goConsoleExec(ctx, console, "PAUSE")
+	eventually(t, 10*time.Second, "SHOW STATE to say paused", func() bool {
+		state := show(t, ctx, watcher, "state")
+		return state.find("key", "paused")["value"] == "yes" && state.find("key", "active")["value"] == "no"
+	})
+	if err := consoleExec(ctx, watcher, "PAUSE "+appDB); sqlState(err) != "55000" {
+		t.Errorf("PAUSE of a database while everything is paused: %v, want 55000", err)
+	}
+	if err := console.PgConn().CancelRequest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, paused, 10*time.Second, "the canceled PAUSE"); sqlState(err) != "57014" {
+		t.Fatalf("canceled PAUSE: %v, want 57014", err)
+	}
+	if got := show(t, ctx, watcher, "state").find("key", "paused")["value"]; got != "no" {
+		t.Errorf("SHOW STATE paused after the cancel: %q, want no", got)
+	}
+	for _, c := range []*pgx.Conn{other, holder} {
+		if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatalf("a query after the canceled PAUSE: %v", err)
+		}
+	}
+	if _, err := holder.Exec(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	// The console session goes on.
+	if r := show(t, ctx, console, "databases").find("name", appDB); r == nil || r["paused"] != "0" {
+		t.Errorf("SHOW DATABASES after the canceled PAUSE: %v", r)
+	}
+}
+
+// TestConsoleShutdownWaitForClients runs SHUTDOWN WAIT_FOR_CLIENTS on the
+// binary: new connections are refused and /readyz fails at once, while the
+// clients logged in (the console's too) are served as before, a
+// transaction included; the process exits 0 when the last one leaves.
+func TestConsoleShutdownWaitForClients(t *testing.T) {
+	const adminSection = "\n[admin]\npassword = \"" + consolePassword + "\"\n"
+	healthPort := freePort(t)
+	pr := startProcessWith(t, processOptions{
+		general:        fmt.Sprintf("healthcheck_port = %d", healthPort),
+		pool:           "pool_size = 2",
+		extraDatabases: adminSection,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)
+	eventually(t, 10*time.Second, "/readyz to answer 200", func() bool { return httpStatus(readyz) == http.StatusOK })
+	client, err := pr.connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close(context.Background())
+	if _, err := client.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	console, err := consoleConnect(ctx, pr.addr, consoleUser, consolePassword, "pgbouncer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer console.Close(context.Background())
+	if err := consoleExec(ctx, console, "SHUTDOWN WAIT_FOR_CLIENTS"); err != nil {
+		t.Fatalf("SHUTDOWN WAIT_FOR_CLIENTS: %v", err)
+	}
+	if _, err := pr.connect(ctx); err == nil {
+		t.Fatal("a new connection was accepted after SHUTDOWN WAIT_FOR_CLIENTS")
+	}
+	if got := httpStatus(readyz); got != http.StatusServiceUnavailable {
+		t.Errorf("/readyz after SHUTDOWN WAIT_FOR_CLIENTS: %d, want 503", got)
+	}
+	if got := show(t, ctx, console, "state").find("key", "shutting_down")["value"]; got != "yes" {
+		t.Errorf("SHOW STATE shutting_down = %q, want yes", got)
+	}
+	// The clients logged in are served as before, across transactions.
+	for _, sql := range []string{"SELECT 1", "COMMIT", "SELECT 1", "BEGIN", "SELECT 1", "COMMIT"} {
+		if _, err := client.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s after SHUTDOWN WAIT_FOR_CLIENTS: %v", sql, err)
+		}
+	}
+	select {
+	case <-pr.exited:
+		t.Fatal("pgtender exited with clients logged in")
+	case <-time.After(300 * time.Millisecond):
+	}
+	client.Close(ctx)
+	select {
+	case <-pr.exited:
+		t.Fatal("pgtender exited with the console's client logged in")
+	case <-time.After(300 * time.Millisecond):
+	}
+	console.Close(ctx)
+	if code := pr.waitExit(t, 15*time.Second); code != 0 {
+		t.Fatalf("pgtender exited %d after its last client left", code)
+	}
+	for _, line := range []string{"SHUTDOWN WAIT_FOR_CLIENTS on the admin console", "the last client has left", `"msg":"drained"`} {
+		if !strings.Contains(pr.output.String(), line) {
+			t.Errorf("the log lacks %q", line)
+		}
+	}
+}
+
+// TestConsoleShutdownWhilePaused: a shutdown during a pause ends a PAUSE
+// still waiting (57P01) and the transactions waiting in line, and returns
+// once the transaction in flight has ended.
+func TestConsoleShutdownWhilePaused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	scene := newPauseScene(t, ctx)
+	tp, holder, waiter, console, watcher := scene.tp, scene.holder, scene.other, scene.console, scene.watcher
+	paused := goConsoleExec(ctx, console, "PAUSE")
+	queried := goExec(ctx, waiter, "SELECT 1")
+	eventually(t, 10*time.Second, "the new transaction to wait in line", func() bool {
+		r := show(t, ctx, watcher, "pools").find("database", appDB)
+		return r != nil && r["cl_waiting"] == "1"
+	})
+	shutdownCtx, stop := context.WithTimeout(ctx, 20*time.Second)
+	defer stop()
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- tp.Shutdown(shutdownCtx) }()
+	if err := within(t, paused, 10*time.Second, "PAUSE at shutdown"); sqlState(err) != "57P01" {
+		t.Errorf("PAUSE at shutdown: %v, want 57P01", err)
+	}
+	if err := within(t, queried, 10*time.Second, "a waiting transaction at shutdown"); err == nil {
+		t.Error("a transaction waiting while paused ran during the shutdown")
+	}
+	if _, err := holder.Exec(ctx, "COMMIT"); err != nil {
+		t.Errorf("COMMIT of the transaction in flight at shutdown: %v", err)
+	}
+	if err := within(t, shutdown, 15*time.Second, "Shutdown"); err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
 }

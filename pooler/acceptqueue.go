@@ -213,7 +213,7 @@ func (p *Pooler) acceptQueueSizer() {
 		perSecond, sized := sizing.observe(ended-lastEnded, waited, longestWait, target/queueLateDivisor)
 		lastEnded = ended
 		size := stepAcceptQueueSize(current, acceptQueueSize(perSecond, sized, target, len(p.listeners), p.effectiveBacklog))
-		if size == current || p.draining.Load() {
+		if size == current || p.draining.Load() || p.notAccepting.Load() {
 			continue
 		}
 		if err := resizeAcceptQueues(p.listeners, size); err != nil {

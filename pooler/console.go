@@ -40,9 +40,12 @@ type ConsoleHooks struct {
 	// Reload builds the configuration from the files and applies it, as
 	// SIGHUP does, and returns why it could not (RELOAD).
 	Reload func() error
-	// Shutdown begins the drain SIGTERM begins (SHUTDOWN); it must not
-	// wait for it.
-	Shutdown func()
+	// Shutdown begins the drain SIGTERM begins (SHUTDOWN, SHUTDOWN
+	// WAIT_FOR_SERVERS) or, with waitForClients, the shutdown of SHUTDOWN
+	// WAIT_FOR_CLIENTS, after the console has stopped accepting
+	// (StopAccepting): the process ends once ClientCount is 0. It must not
+	// wait for either.
+	Shutdown func(waitForClients bool)
 	// Logins returns pgtender's login figures (SHOW LOGINS) that the
 	// pooler does not keep itself: the login recorder's and the kernel's.
 	Logins func() []LoginFigure
@@ -241,7 +244,7 @@ func (s *session) runConsoleQuery(query string, dst []byte) []byte {
 		// PgBouncer reads SELECT x as SHOW x (admin.c), for the drivers
 		// that ask for a setting so.
 		return p.consoleShow(dst, strings.ToLower(cmd.Arg))
-	case "RELOAD", "SHUTDOWN", "KILL_CLIENT", "DISABLE", "ENABLE", "RECONNECT":
+	case "RELOAD", "SHUTDOWN", "KILL_CLIENT", "DISABLE", "ENABLE", "RECONNECT", "PAUSE", "RESUME":
 		p.log.Info("admin console command", s.logFields(zap.String("command", strings.TrimSpace(query)))...)
 	}
 	hooks := p.consoleHooks.Load()
@@ -258,18 +261,23 @@ func (s *session) runConsoleQuery(query string, dst []byte) []byte {
 		}
 		return wire.AppendCommandComplete(dst, "RELOAD")
 	case "SHUTDOWN":
+		var waitForClients bool
 		switch strings.ToUpper(cmd.Arg) {
 		case "", "WAIT_FOR_SERVERS":
 		case "WAIT_FOR_CLIENTS":
-			return consoleError(dst, sqlstateFeatureNotSupported,
-				"SHUTDOWN WAIT_FOR_CLIENTS is not supported yet: SHUTDOWN drains as SIGTERM does (transactions in flight finish, then clients are closed)")
+			waitForClients = true
 		default:
-			return consoleError(dst, sqlstateSyntaxError, "SHUTDOWN takes WAIT_FOR_SERVERS or nothing")
+			return consoleError(dst, sqlstateSyntaxError, "SHUTDOWN takes WAIT_FOR_SERVERS, WAIT_FOR_CLIENTS or nothing")
 		}
 		if hooks == nil || hooks.Shutdown == nil {
 			return consoleError(dst, sqlstateFeatureNotSupported, "SHUTDOWN is not available in this process")
 		}
-		hooks.Shutdown()
+		if waitForClients {
+			// As PgBouncer's: no new connections from now on, and the
+			// clients logged in (this one too) are served until they leave.
+			p.StopAccepting()
+		}
+		hooks.Shutdown(waitForClients)
 		return wire.AppendCommandComplete(dst, "SHUTDOWN")
 	case "KILL_CLIENT":
 		return s.killClient(dst, cmd.Arg)
@@ -292,10 +300,63 @@ func (s *session) runConsoleQuery(query string, dst []byte) []byte {
 		p.log.Info("RECONNECT: server connections are replaced as they come back", zap.String("database", cmd.Arg),
 			zap.Int("pools", pools), zap.Int("idle_closed", closed))
 		return wire.AppendCommandComplete(dst, "RECONNECT")
-	case "PAUSE", "RESUME", "KILL", "SUSPEND", "WAIT_CLOSE", "SET":
+	case "PAUSE":
+		return s.pause(dst, cmd.Arg)
+	case "RESUME":
+		if cmd.Arg != "" {
+			if _, ok := p.state.Load().cfg.Database(cmd.Arg); !ok {
+				return consoleError(dst, sqlstateUndefinedObject, "no such database: "+cmd.Arg)
+			}
+		}
+		if err := p.resumeDatabases(cmd.Arg); err != nil {
+			return consoleError(dst, sqlstateObjectNotInPrerequisiteState, err.Error())
+		}
+		return wire.AppendCommandComplete(dst, "RESUME")
+	case "KILL", "SUSPEND", "WAIT_CLOSE", "SET":
 		return consoleError(dst, sqlstateFeatureNotSupported, cmd.Verb+" is not supported by pgtender's admin console yet (docs/admin.md)")
 	}
 	return consoleError(dst, sqlstateSyntaxError, (&admin.SyntaxError{Query: query}).Error())
+}
+
+// pause runs PAUSE [db]: it pauses the pools (Pooler.pauseDatabases) and
+// answers once their transactions in flight have ended and their server
+// connections are closed, as PgBouncer's PAUSE does. While it waits, a
+// CancelRequest from the console's client (psql's ^C) ends the wait and
+// resumes what it paused, as PgBouncer's admin_handle_cancel does; a
+// client that leaves leaves the pause on (RESUME from another session
+// ends it), and so does shutdown, which drains regardless.
+func (s *session) pause(dst []byte, database string) []byte {
+	p := s.pooler
+	if database != "" {
+		if _, ok := p.state.Load().cfg.Database(database); !ok {
+			return consoleError(dst, sqlstateUndefinedObject, "no such database: "+database)
+		}
+	}
+	if p.draining.Load() {
+		return consoleError(dst, sqlstateObjectNotInPrerequisiteState, "pgtender is shutting down")
+	}
+	if err := p.pauseDatabases(database); err != nil {
+		return consoleError(dst, sqlstateObjectNotInPrerequisiteState, err.Error())
+	}
+	ctx, stopWatching := s.watchClientWhileWaiting(p.ctx)
+	err := p.waitPaused(ctx, database)
+	if left := stopWatching(); left != nil {
+		err = left
+	}
+	switch {
+	case err == nil:
+		p.log.Info("PAUSE: paused; transactions wait for RESUME", zap.String("database", database))
+		return wire.AppendCommandComplete(dst, "PAUSE")
+	case errors.Is(err, errCanceledWhileWaiting):
+		resumeErr := p.resumeDatabases(database)
+		p.log.Info("PAUSE canceled by its client: resumed", zap.String("database", database), zap.NamedError("resume_error", resumeErr))
+		return wire.AppendErrorResponse(dst, wire.SeverityError, sqlstateQueryCanceled, "PAUSE canceled: resumed")
+	case errors.Is(err, errClientLeft):
+		p.log.Warn("the console client left while PAUSE waited: the pause stays on until RESUME", zap.String("database", database))
+		return dst // nobody to answer
+	default:
+		return consoleError(dst, sqlstateAdminShutdown, "PAUSE ended: pgtender is shutting down")
+	}
 }
 
 // killClient ends the client whose id (SHOW CLIENTS) is arg, at once, as

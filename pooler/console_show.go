@@ -22,12 +22,14 @@ const consoleHelp = `
 	SHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION
 	SHOW STATS|STATS_TOTALS|STATS_AVERAGES|LISTS|STATE
 	SHOW LOGINS
+	PAUSE [<db>]
+	RESUME [<db>]
 	KILL_CLIENT <id>
 	DISABLE <db>, ENABLE <db>
 	RECONNECT [<db>]
 	RELOAD
 	SHUTDOWN
-	SHUTDOWN WAIT_FOR_SERVERS`
+	SHUTDOWN WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS`
 
 // consoleSettingAnswers are the one-column SHOWs PgBouncer answers for
 // drivers that ask for a setting at connect (src/admin.c, fake_show and
@@ -345,6 +347,7 @@ func (p *Pooler) showDatabases() *admin.Result {
 	for key, c := range p.poolClients() {
 		clients[key.database] += c.total()
 	}
+	paused := p.pauseState()
 	result := admin.Databases.NewResult()
 	for _, db := range sortedDatabases(cfg) {
 		serverDatabase := cmp.Or(db.DatabaseName, db.Name)
@@ -354,13 +357,9 @@ func (p *Pooler) showDatabases() *admin.Result {
 			minPoolSize = cfg.General.MinPoolSize
 		}
 		mode := cmp.Or(db.PoolerMode, cfg.General.PoolerMode)
-		disabled := 0
-		if p.databaseDisabled(db.Name) {
-			disabled = 1
-		}
 		result.Add(db.Name, db.Host, db.Port, serverDatabase, db.User, poolSize, minPoolSize, 0,
 			int(cfg.General.ServerLifetime.Duration()/time.Second), string(mode), nil,
-			0, servers[db.Name], 0, clients[db.Name], 0, disabled)
+			0, servers[db.Name], 0, clients[db.Name], zeroOne(paused.holds(db.Name)), zeroOne(p.databaseDisabled(db.Name)))
 	}
 	return result
 }
@@ -471,8 +470,18 @@ func (p *Pooler) showLists() *admin.Result {
 	return result
 }
 
-// showState is SHOW STATE: whether pgtender is paused (never: PAUSE is
-// not supported yet), suspended (never) or shutting down.
+// zeroOne is SHOW DATABASES's paused and disabled: 1 or 0.
+func zeroOne(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// showState is SHOW STATE, as PgBouncer's (src/admin.c, show_state):
+// active when nothing pauses the whole pooler, paused when PAUSE without
+// a database does (a database's own pause shows in SHOW DATABASES),
+// suspended never (SUSPEND is not supported), and shutting down.
 func (p *Pooler) showState() *admin.Result {
 	yesNo := func(b bool) string {
 		if b {
@@ -480,11 +489,12 @@ func (p *Pooler) showState() *admin.Result {
 		}
 		return "no"
 	}
+	pausedAll := p.pauseState().all
 	result := admin.State.NewResult()
-	result.Add("active", yesNo(!p.draining.Load()))
-	result.Add("paused", "no")
+	result.Add("active", yesNo(!pausedAll))
+	result.Add("paused", yesNo(pausedAll))
 	result.Add("suspended", "no")
-	result.Add("shutting_down", yesNo(p.draining.Load()))
+	result.Add("shutting_down", yesNo(p.draining.Load() || p.notAccepting.Load()))
 	return result
 }
 

@@ -60,6 +60,9 @@ func (p *Pooler) Ready() (ready bool, reason string) {
 	if p.draining.Load() {
 		return false, "draining"
 	}
+	if p.notAccepting.Load() {
+		return false, "shutting down: not accepting, serving the clients logged in until they leave (SHUTDOWN WAIT_FOR_CLIENTS)"
+	}
 	if p.unready.Load() {
 		return false, "shutting down: still serving until shutdown_readiness_delay has passed"
 	}

@@ -51,8 +51,8 @@ type poolSettings struct {
 // an idle connection, opens a new one while the pool is below its size, or
 // waits in line (FIFO) for one to come back, up to checkout_timeout.
 //
-// mu guards idle, waiters, total, closed and reconnectBefore; settings,
-// counters and params are read without it.
+// mu guards idle, waiters, total, closed, paused and reconnectBefore;
+// settings, counters and params are read without it.
 type Pool struct {
 	key       poolKey
 	createdAt time.Time
@@ -71,6 +71,10 @@ type Pool struct {
 	// reconnectBefore: connections opened before it are closed when they
 	// come back rather than kept (reconnect).
 	reconnectBefore time.Time
+	// paused: the console's PAUSE holds the pool (pause). It gives clients
+	// no connection and opens none; each connection that comes back is
+	// closed, and clients wait in line until resume.
+	paused bool
 
 	// params is the ParameterStatus set sent to clients at login, as the
 	// server connections opened last reported it (serverparams.go);
@@ -178,7 +182,7 @@ func (p *Pool) tryAcquireIdle(ctx context.Context) *ServerConn {
 		now = time.Now()
 	}
 	p.mu.Lock()
-	for !p.closed && len(p.idle) > 0 {
+	for !p.closed && !p.paused && len(p.idle) > 0 {
 		n := len(p.idle)
 		sc := p.idle[n-1]
 		due := settings.healthcheckInterval > 0 && now.Sub(sc.aliveAt) >= settings.healthcheckInterval
@@ -248,6 +252,9 @@ func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
 		if p.closed {
 			p.mu.Unlock()
 			return nil, ErrPoolClosed
+		}
+		if p.paused {
+			break // in line until resume
 		}
 		if len(p.idle) > 0 {
 			p.mu.Unlock() // one came back meanwhile
@@ -371,7 +378,7 @@ func (p *Pool) connectFailed() {
 // (Pooler.probeDownServers).
 func (p *Pool) openIdle(ctx context.Context, limit int) error {
 	p.mu.Lock()
-	if p.closed || p.total >= limit {
+	if p.closed || p.paused || p.total >= limit {
 		p.mu.Unlock()
 		return nil
 	}
@@ -388,7 +395,7 @@ func (p *Pool) openIdle(ctx context.Context, limit int) error {
 // handOffCapacityLocked gives freed capacity to the first waiter, who opens
 // a connection itself. p.mu must be held.
 func (p *Pool) handOffCapacityLocked() {
-	if len(p.waiters) == 0 || p.closed || p.total >= p.settings.Load().size {
+	if len(p.waiters) == 0 || p.closed || p.paused || p.total >= p.settings.Load().size {
 		return
 	}
 	waiter := p.waiters[0]
@@ -417,7 +424,7 @@ func (p *Pool) Release(sc *ServerConn) {
 // taken first and the others can age out by idle_timeout.
 func (p *Pool) putBack(sc *ServerConn, idleSince time.Time) {
 	p.mu.Lock()
-	if p.closed || p.total > p.settings.Load().size {
+	if p.closed || p.paused || p.total > p.settings.Load().size {
 		p.total--
 		p.mu.Unlock()
 		sc.close()
@@ -534,7 +541,7 @@ func (p *Pool) Discard(sc *ServerConn) {
 // passthrough password) into it, or closes it when the pool is full.
 func (p *Pool) Add(sc *ServerConn) {
 	p.mu.Lock()
-	if p.closed || p.total >= p.settings.Load().size {
+	if p.closed || p.paused || p.total >= p.settings.Load().size {
 		p.mu.Unlock()
 		sc.close()
 		return
@@ -586,7 +593,7 @@ func (p *Pool) maintain(now time.Time) (missing int) {
 		p.idle[i] = nil
 	}
 	p.idle = kept
-	if !p.closed && p.total < settings.minSize {
+	if !p.closed && !p.paused && p.total < settings.minSize {
 		missing = settings.minSize - p.total
 	}
 	p.mu.Unlock()
@@ -601,10 +608,16 @@ func (p *Pool) maintain(now time.Time) (missing int) {
 func (p *Pool) resize(settings poolSettings) {
 	p.settings.Store(&settings)
 	p.mu.Lock()
-	for len(p.waiters) > 0 && !p.closed && p.total < settings.size {
+	p.grantCapacityLocked()
+	p.mu.Unlock()
+}
+
+// grantCapacityLocked hands capacity to waiters for as long as there are
+// waiters and the pool is below its size. p.mu must be held.
+func (p *Pool) grantCapacityLocked() {
+	for len(p.waiters) > 0 && !p.closed && !p.paused && p.total < p.settings.Load().size {
 		p.handOffCapacityLocked()
 	}
-	p.mu.Unlock()
 }
 
 // Background growth backs off from minGrowBackoff doubling to
@@ -644,9 +657,7 @@ func (p *Pool) growDone(now time.Time, err error) {
 func (p *Pool) close() {
 	p.mu.Lock()
 	p.closed = true
-	idle := p.idle
-	p.idle = nil
-	p.total -= len(idle)
+	idle := p.takeIdleLocked()
 	waiters := p.waiters
 	p.waiters = nil
 	p.mu.Unlock()
@@ -666,14 +677,53 @@ func (p *Pool) close() {
 func (p *Pool) reconnect(now time.Time) int {
 	p.mu.Lock()
 	p.reconnectBefore = now
-	idle := p.idle
-	p.idle = nil
-	p.total -= len(idle)
+	idle := p.takeIdleLocked()
 	p.mu.Unlock()
 	for _, sc := range idle {
 		sc.close()
 	}
 	return len(idle)
+}
+
+// takeIdleLocked empties the idle list and uncounts its connections, which
+// the caller closes (outside p.mu). p.mu must be held.
+func (p *Pool) takeIdleLocked() []*ServerConn {
+	idle := p.idle
+	p.idle = nil
+	p.total -= len(idle)
+	return idle
+}
+
+// pause holds the pool for PAUSE, as PgBouncer's pause mode does
+// (src/janitor.c, per_loop_pause): no client is given a connection and
+// none is opened; the idle connections are taken out now, for the caller
+// to close, and the others are closed as their clients give them back
+// (putBack), so that the pool holds no connection once the transactions
+// in flight have ended (drained). Clients that want one wait in line,
+// their checkout_timeout running, until resume.
+func (p *Pool) pause() []*ServerConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.paused = true
+	return p.takeIdleLocked()
+}
+
+// resume ends a pause: the clients waiting get capacity to open
+// connections, up to the pool's size.
+func (p *Pool) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.paused = false
+	p.grantCapacityLocked()
+}
+
+// drained reports whether the pool holds no server connection, open or
+// being opened: a paused pool is so once its last client gave its
+// connection back.
+func (p *Pool) drained() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.total == 0
 }
 
 // poolSnapshot is a pool's occupancy at one moment, for tests and logs;

@@ -611,3 +611,48 @@ func TestPoolReconnect(t *testing.T) {
 		t.Errorf("opened %d, closed %d; want 4 and 2", pc.opened.Load(), pc.closed.Load())
 	}
 }
+
+// TestPoolPause: a pause closes the idle connections at once and each
+// busy one when it comes back, gives waiters nothing (not even capacity a
+// closed connection freed) and opens nothing for min_pool_size; resume
+// gives the waiters capacity to open new connections.
+func TestPoolPause(t *testing.T) {
+	pool, pc := testPool(t, poolSettings{size: 2, minSize: 2})
+	inUse, idle := mustAcquire(t, pool), mustAcquire(t, pool)
+	pool.Release(idle)
+	for _, sc := range pool.pause() {
+		sc.close()
+	}
+	if st := pool.snapshot(); st.Idle != 0 || st.Total != 1 || pool.drained() {
+		t.Fatalf("after pause: %+v, drained %v; want the one in use only", st, pool.drained())
+	}
+	if missing := pool.maintain(time.Now()); missing != 0 {
+		t.Errorf("maintain wants %d connections opened while paused, want 0", missing)
+	}
+	if err := pool.openIdle(context.Background(), 2); err != nil || pc.opened.Load() != 2 {
+		t.Errorf("openIdle while paused: %v, opened %d; want nothing opened", err, pc.opened.Load())
+	}
+	if sc := pool.TryAcquireIdle(); sc != nil {
+		t.Fatal("TryAcquireIdle gave a connection while paused")
+	}
+	// Below its size, a paused pool still makes a client wait.
+	w := goAcquire(t, pool, waitTimeout)
+	pool.Release(inUse)
+	if st := pool.snapshot(); st.Total != 0 || st.Waiting != 1 || !pool.drained() {
+		t.Fatalf("the last connection back: %+v; want it closed and the waiter still waiting", st)
+	}
+	select {
+	case got := <-w:
+		t.Fatalf("a waiter was served while paused: %v, %v", got.sc, got.err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	pool.resume()
+	got := recvWithin(t, w, "waiter after resume")
+	if got.err != nil || got.sc == inUse || got.sc == idle {
+		t.Fatalf("waiter got %v, %v; want a new connection", got.sc, got.err)
+	}
+	pool.Release(got.sc)
+	if pc.opened.Load() != 3 || pc.closed.Load() != 2 {
+		t.Errorf("opened %d, closed %d; want 3 and 2", pc.opened.Load(), pc.closed.Load())
+	}
+}

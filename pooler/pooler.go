@@ -53,6 +53,9 @@ type Pooler struct {
 
 	poolsMu sync.Mutex
 	pools   map[poolKey]*Pool
+	// paused is what the console's PAUSE holds (control.go), guarded by
+	// poolsMu so that a pool made while a pause is on starts paused.
+	paused pauseSet
 
 	targetsMu sync.Mutex
 	targets   map[string]*serverTarget // by host:port (target.go)
@@ -92,6 +95,7 @@ type Pooler struct {
 	clientCount      atomic.Int64
 	draining         atomic.Bool
 	unready          atomic.Bool     // StopReadiness was called: Ready is false, serving goes on
+	notAccepting     atomic.Bool     // StopAccepting was called: the listeners are closed, serving goes on
 	done             chan struct{}   // closed by Shutdown; stops background loops
 	ctx              context.Context // canceled by Shutdown; bounds background server connects
 	cancel           context.CancelFunc
@@ -280,6 +284,17 @@ func (p *Pooler) Config() *config.Config { return p.state.Load().cfg }
 // Draining reports whether Shutdown has begun.
 func (p *Pooler) Draining() bool { return p.draining.Load() }
 
+// StopAccepting closes the listening sockets, so that new connections are
+// refused by the kernel, and turns readiness off, while the clients logged
+// in are served as before: SHUTDOWN WAIT_FOR_CLIENTS, whose caller shuts
+// down once ClientCount is 0. Shutdown may follow at any time.
+func (p *Pooler) StopAccepting() {
+	p.notAccepting.Store(true)
+	for _, l := range p.listeners {
+		l.Close()
+	}
+}
+
 // Shutdown drains the pooler: it stops accepting, ends idle client
 // sessions, lets transactions in flight reach their end, and when ctx ends
 // closes whatever is left. It returns once every goroutine has ended.
@@ -406,6 +421,7 @@ func (p *Pooler) poolFor(user, database string) (*Pool, bool) {
 }
 
 // newPool builds the pool of key from the configuration in state.
+// p.poolsMu must be held.
 func (p *Pooler) newPool(state *runtimeState, key poolKey) (*Pool, bool) {
 	endpoint, settings, ok := poolConfig(state.cfg, key)
 	if !ok {
@@ -436,6 +452,7 @@ func (p *Pooler) newPool(state *runtimeState, key poolKey) (*Pool, bool) {
 	}
 	pool = newPool(key, settings, connect)
 	pool.endpoint = endpoint
+	pool.paused = p.paused.holds(key.database) // poolsMu is held: see Pooler.paused
 	return pool, true
 }
 

@@ -83,14 +83,15 @@ func run(args []string) int {
 		log.Error("cannot start", zap.Error(err))
 		return 1
 	}
-	// SHUTDOWN on the console is a SIGTERM that comes from inside.
-	consoleShutdown := make(chan struct{}, 1)
+	// SHUTDOWN on the console is a SIGTERM that comes from inside; true
+	// is SHUTDOWN WAIT_FOR_CLIENTS.
+	consoleShutdown := make(chan bool, 1)
 	p.SetConsoleHooks(pooler.ConsoleHooks{
 		Version: version,
 		Reload:  func() error { return reload(p, log, *configPath, *usersPath) },
-		Shutdown: func() {
+		Shutdown: func(waitForClients bool) {
 			select {
-			case consoleShutdown <- struct{}{}:
+			case consoleShutdown <- waitForClients:
 			default: // one is on its way already
 			}
 		},
@@ -122,6 +123,7 @@ func run(args []string) int {
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- p.Serve() }()
 
+	reloadFiles := func() { _ = reload(p, log, *configPath, *usersPath) }
 	for {
 		select {
 		case err := <-serveDone:
@@ -133,13 +135,52 @@ func run(args []string) int {
 			return 0
 		case sig := <-signals:
 			if sig == syscall.SIGHUP {
-				_ = reload(p, log, *configPath, *usersPath)
+				reloadFiles()
 				continue
 			}
-			return drain(p, endpoints, log, sig, signals, func() { _ = reload(p, log, *configPath, *usersPath) })
-		case <-consoleShutdown:
+			return drain(p, endpoints, log, sig, signals, reloadFiles)
+		case waitForClients := <-consoleShutdown:
+			if waitForClients {
+				log.Info("shutting down: SHUTDOWN WAIT_FOR_CLIENTS on the admin console; not accepting, exiting when the clients have left",
+					zap.Int64("clients", p.ClientCount()))
+				return drainAfterClients(p, endpoints, log, signals, consoleShutdown, reloadFiles)
+			}
 			log.Info("shutting down: SHUTDOWN on the admin console")
-			return drain(p, endpoints, log, syscall.SIGTERM, signals, func() { _ = reload(p, log, *configPath, *usersPath) })
+			return drain(p, endpoints, log, syscall.SIGTERM, signals, reloadFiles)
+		}
+	}
+}
+
+// clientsGonePollInterval is how often drainAfterClients looks whether the
+// clients have left.
+const clientsGonePollInterval = 50 * time.Millisecond
+
+// drainAfterClients is SHUTDOWN WAIT_FOR_CLIENTS, once the console has
+// stopped accepting: the clients logged in are served until the last one
+// leaves, however long that takes (as in PgBouncer), and then the pooler
+// shuts down. A SIGTERM or SIGINT, or a plain SHUTDOWN from a console
+// session still open, cuts the wait short with the drain SIGTERM runs
+// (shutdown_timeout); SIGHUP still reloads.
+func drainAfterClients(p *pooler.Pooler, endpoints *metrics.Servers, log *zap.Logger, signals chan os.Signal, consoleShutdown <-chan bool, reload func()) int {
+	ticker := time.NewTicker(clientsGonePollInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ticker.C:
+			if p.ClientCount() == 0 {
+				log.Info("the last client has left")
+				return drainNow(p, endpoints, log, "SHUTDOWN WAIT_FOR_CLIENTS", signals)
+			}
+		case sig := <-signals:
+			if sig == syscall.SIGHUP {
+				reload()
+				continue
+			}
+			return drainNow(p, endpoints, log, sig.String(), signals)
+		case waitForClients := <-consoleShutdown:
+			if !waitForClients {
+				return drainNow(p, endpoints, log, "SHUTDOWN", signals)
+			}
 		}
 	}
 }
@@ -183,8 +224,15 @@ func drain(p *pooler.Pooler, endpoints *metrics.Servers, log *zap.Logger, sig os
 			return 1
 		}
 	}
+	return drainNow(p, endpoints, log, sig.String(), signals)
+}
+
+// drainNow is the drain after shutdown_readiness_delay: Shutdown, bounded
+// by shutdown_timeout; a second SIGTERM or SIGINT exits at once. cause
+// names what began it, for the log.
+func drainNow(p *pooler.Pooler, endpoints *metrics.Servers, log *zap.Logger, cause string, signals chan os.Signal) int {
 	timeout := p.Config().General.ShutdownTimeout.Duration() // after the delay: a reload during it counts
-	log.Info("draining: no new connections; transactions in flight may finish", zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", timeout))
+	log.Info("draining: no new connections; transactions in flight may finish", zap.String("cause", cause), zap.Duration("shutdown_timeout", timeout))
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	done := make(chan error, 1)
