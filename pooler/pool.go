@@ -65,6 +65,12 @@ type Pool struct {
 	waiters []*poolWaiter // FIFO
 	total   int           // open connections plus those being opened
 	closed  bool
+	// retired is closed, for readers without mu: a session looks at it
+	// before each chunk it scans, to follow a pool a reload replaced
+	// (session.followReplacedPool). removed: the reload that closed the
+	// pool removed its database or user, so no pool replaces it and its
+	// sessions end (session.endIfLeaving).
+	retired, removed atomic.Bool
 	// sweeping: a background health check of idle connections is running
 	// (takeForIdleCheck).
 	sweeping bool
@@ -657,6 +663,7 @@ func (p *Pool) growDone(now time.Time, err error) {
 func (p *Pool) close() {
 	p.mu.Lock()
 	p.closed = true
+	p.retired.Store(true)
 	idle := p.takeIdleLocked()
 	waiters := p.waiters
 	p.waiters = nil

@@ -403,7 +403,7 @@ func (p *Pooler) unregisterSession(s *session) {
 }
 
 // poolFor returns the pool of (user, database), creating it on first use.
-// ok is false when the database is not configured.
+// ok is false when the running configuration has no such pool (serves).
 func (p *Pooler) poolFor(user, database string) (*Pool, bool) {
 	key := poolKey{user: user, database: database}
 	p.poolsMu.Lock()
@@ -412,12 +412,28 @@ func (p *Pooler) poolFor(user, database string) (*Pool, bool) {
 		return pool, true
 	}
 	state := p.state.Load()
+	if !servesPool(state.cfg, key) {
+		return nil, false
+	}
 	pool, ok := p.newPool(state, key)
 	if !ok {
 		return nil, false
 	}
 	p.pools[key] = pool
 	return pool, true
+}
+
+// servesPool reports whether cfg has the pool of key: its database is
+// configured and, without passthrough, users.toml has its user for it.
+func servesPool(cfg *config.Config, key poolKey) bool {
+	if _, ok := cfg.Database(key.database); !ok {
+		return false
+	}
+	if cfg.General.PassthroughAuth.Enabled() {
+		return true
+	}
+	_, ok := cfg.User(key.user, key.database)
+	return ok
 }
 
 // newPool builds the pool of key from the configuration in state.

@@ -68,6 +68,11 @@ func (s *session) relayLoop(buf []byte, leftover int) error {
 			s.bytesReceived.Add(int64(k))
 		}
 		chunk := buf[:n]
+		if carried == 0 && long == nil {
+			if err := s.followReplacedPool(); err != nil {
+				return err
+			}
+		}
 		forward, terminate, err := s.scanClientChunk(chunk)
 		if err != nil {
 			return err
@@ -108,6 +113,45 @@ func (s *session) relayLoop(buf []byte, leftover int) error {
 			long = nil // the long message has passed
 		}
 	}
+}
+
+// followReplacedPool runs before the session scans a chunk that begins
+// with a new message. When a reload closed its pool, the session moves to
+// the pool that replaces it, or ends (FATAL 57P01) when there is none (its
+// database or user was removed). When its pool's pooler_mode is not the
+// session's (the new pool's differs, or acquire moved it there during a
+// checkout), the session takes it, provided no server connection is linked
+// (a session-mode client's state lives on its server connection, so it
+// keeps session mode until it leaves) and the stream is between messages:
+// its scanner is set for the new mode (takeScanner) before the chunk is
+// scanned. A pooler_mode change so takes effect for each client at its
+// next transaction.
+func (s *session) followReplacedPool() error {
+	pool := s.pool
+	if !pool.retired.Load() && pool.settings.Load().mode == s.mode {
+		return nil // the hot path: one pool, its mode the session's
+	}
+	if !s.scanner.AtBoundary() || s.textLeft > 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.server != nil {
+		return nil
+	}
+	if pool.retired.Load() {
+		next, ok := s.pooler.poolFor(s.user, s.database)
+		if pool.removed.Load() || !ok {
+			return fatalError(sqlstateAdminShutdown, removedMessage(pool.key), nil)
+		}
+		s.pool, pool = next, next
+	}
+	if mode := pool.settings.Load().mode; mode != s.mode {
+		s.pooler.log.Info("client takes its pool's new pooler_mode", s.logFields(zap.String("from", string(s.mode)), zap.String("to", string(mode)))...)
+		s.mode = mode
+		s.scanner.Whole = wholeClientMessages(mode)
+	}
+	return nil
 }
 
 // chunkSummary is what scanning a client chunk found.
@@ -390,11 +434,16 @@ var clientScanners = sync.Pool{New: func() any { return new(wire.Scanner) }}
 // prepared again on another server connection, need their messages whole.
 func (s *session) takeScanner() {
 	scanner := clientScanners.Get().(*wire.Scanner)
-	*scanner = wire.Scanner{Inspect: inspectClientMessage, MaxLen: s.maxMessageLen}
-	if s.mode == config.PoolerModeTransaction {
-		scanner.Whole = wholeClientMessage
-	}
+	*scanner = wire.Scanner{Inspect: inspectClientMessage, Whole: wholeClientMessages(s.mode), MaxLen: s.maxMessageLen}
 	s.scanner = scanner
+}
+
+// wholeClientMessages is the scanner's Whole for a session in mode.
+func wholeClientMessages(mode config.PoolerMode) func(typ byte, length int) bool {
+	if mode == config.PoolerModeTransaction {
+		return wholeClientMessage
+	}
+	return nil
 }
 
 // returnScanner gives s's scanner back, if it holds one.
@@ -854,9 +903,9 @@ func (s *session) readServer(sc *ServerConn) {
 			s.watchIdleInTransactionLocked()
 			s.queryAnsweredLocked()
 		}
-		if readies > 0 && s.mode == config.PoolerModeSession && s.pooler.draining.Load() {
+		if readies > 0 && s.mode == config.PoolerModeSession && (s.pooler.draining.Load() || sc.pool.removed.Load()) {
 			s.mu.Unlock()
-			s.endIfIdle()
+			s.endIfLeaving(sc.pool)
 			continue
 		}
 		if readies > 0 && s.releaseIfAtRestLocked(sc) {
@@ -1205,14 +1254,13 @@ func (s *session) releaseLocked(sc *ServerConn) {
 		s.setState(stateIdle)
 	}
 	s.mu.Unlock()
+	pool := sc.pool
 	if sc.statements.unknown {
 		s.resetAndRelease(sc)
 	} else {
-		sc.pool.Release(sc)
+		pool.Release(sc)
 	}
-	if s.pooler.draining.Load() {
-		s.endIfIdle()
-	}
+	s.endIfLeaving(pool)
 }
 
 // resetAndRelease resets sc's prepared statements (resetUnknownStatements)
@@ -1406,6 +1454,30 @@ func (s *session) returnServer(sc *ServerConn, pending int, unfinishable bool, t
 // A session-mode client that is linked but between transactions counts as
 // idle: its server connection is reset and released by finish.
 func (s *session) endIfIdle() {
+	s.endIfIdleBecause("pgtender is shutting down")
+}
+
+// endIfLeaving ends the session, if no transaction is in flight on it,
+// when nothing will serve its next one: pgtender is draining, or pool (the
+// session's, or its server connection's) was closed by a reload that
+// removed its database or user. It is called where a transaction ends.
+func (s *session) endIfLeaving(pool *Pool) {
+	switch {
+	case s.pooler.draining.Load():
+		s.endIfIdle()
+	case pool.removed.Load():
+		s.endIfIdleBecause(removedMessage(pool.key))
+	}
+}
+
+// removedMessage is what a client of a database or user a reload removed
+// is told when its session ends.
+func removedMessage(key poolKey) string {
+	return fmt.Sprintf("pool %s was removed from pgtender's configuration", key)
+}
+
+// endIfIdleBecause is endIfIdle, telling the client message (FATAL 57P01).
+func (s *session) endIfIdleBecause(message string) {
 	s.mu.Lock()
 	betweenTransactions := s.mode == config.PoolerModeSession && !s.writing && s.link.atRest()
 	if (s.server != nil && !betweenTransactions) || s.stateLocked() >= stateShuttingDown {
@@ -1414,7 +1486,7 @@ func (s *session) endIfIdle() {
 	}
 	s.endLocked(stateShuttingDown)
 	s.mu.Unlock()
-	notice := wire.AppendErrorResponse(nil, wire.SeverityFatal, sqlstateAdminShutdown, "pgtender is shutting down")
+	notice := wire.AppendErrorResponse(nil, wire.SeverityFatal, sqlstateAdminShutdown, message)
 	if s.wmu.TryLock() {
 		s.sendErrorLocked(notice)
 		s.wmu.Unlock()

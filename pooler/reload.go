@@ -8,9 +8,12 @@ import (
 
 // Reload applies a new configuration. Pools whose server endpoint and mode
 // are unchanged keep their connections and take new sizes in place; pools
-// whose database or user is gone, or whose endpoint changed, are closed
-// (linked connections close when their clients let go of them) and are
-// created again on next use. Passthrough users learned at run time are
+// whose endpoint or mode changed are closed (linked connections close when
+// their clients let go of them) and created again on next use, each
+// client moving to the new pool, and taking its mode, at its next
+// transaction (session.followReplacedPool); pools whose database or user
+// is gone are closed and their clients drained (endRemovedSessions).
+// Passthrough users learned at run time are
 // kept while their database exists; a user removed from users.toml is
 // removed under passthrough too: its pool is closed and its verified
 // password forgotten, so its next login is verified against Postgres
@@ -47,18 +50,20 @@ func (p *Pooler) Reload(cfg *config.Config) error {
 		return was && !is
 	}
 	p.poolsMu.Lock()
-	var closed []*Pool
+	var closed, removedPools []*Pool
 	for key, pool := range p.pools {
 		endpoint, settings, ok := poolConfig(cfg, key)
-		if ok && !cfg.General.PassthroughAuth.Enabled() {
-			_, ok = cfg.User(key.user, key.database)
-		}
+		ok = ok && servesPool(cfg, key)
 		if removed(key.user, key.database) {
 			ok = false
 		}
 		if !ok || endpoint != pool.endpoint || settings.mode != pool.settings.Load().mode {
 			delete(p.pools, key)
 			closed = append(closed, pool)
+			if !ok {
+				pool.removed.Store(true) // before close: a session that sees it retired sees this too
+				removedPools = append(removedPools, pool)
+			}
 			continue
 		}
 		pool.resize(settings)
@@ -67,6 +72,7 @@ func (p *Pooler) Reload(cfg *config.Config) error {
 	for _, pool := range closed {
 		pool.close()
 	}
+	p.endRemovedSessions(removedPools)
 	p.createConfiguredPools()
 	for _, key := range p.registry.Keys() {
 		if _, ok := cfg.Database(key.Database); !ok || removed(key.User, key.Database) {
@@ -75,4 +81,35 @@ func (p *Pooler) Reload(cfg *config.Config) error {
 	}
 	p.log.Info("configuration reloaded", zap.Int("changed_keys", len(diff.Changed)), zap.Int("pools_closed", len(closed)))
 	return nil
+}
+
+// endRemovedSessions drains the sessions of pools a reload removed, as
+// the SIGTERM drain does for all: one in no transaction is told FATAL
+// 57P01 and closed now, and one in a transaction when it ends
+// (session.endIfLeaving); new logins to a removed database get 3D000.
+// PgBouncer closes such clients at once, transactions and all
+// (src/janitor.c, kill_database); a reload is not meant to cut a
+// transaction.
+func (p *Pooler) endRemovedSessions(removed []*Pool) {
+	if len(removed) == 0 {
+		return
+	}
+	keys := make(map[poolKey]bool, len(removed))
+	names := make([]string, 0, len(removed))
+	for _, pool := range removed {
+		keys[pool.key] = true
+		names = append(names, pool.key.String())
+	}
+	p.log.Info("reload removed pools: their clients are ended, each when its transaction in flight ends", zap.Strings("pools", names))
+	for _, s := range p.sessionList() {
+		// user and database are written before loggedIn is set; a session
+		// still logging in finds its pool gone (3D000) or ends at its first
+		// transaction (followReplacedPool).
+		if !s.loggedIn.Load() || s.console {
+			continue
+		}
+		if key := (poolKey{user: s.user, database: s.database}); keys[key] {
+			s.endIfIdleBecause(removedMessage(key))
+		}
+	}
 }

@@ -33,7 +33,8 @@ type Scanner struct {
 	// be reported whole: only once the chunk holds all of it, with Body the
 	// whole body, aliasing the chunk. Until then it is unreported, and a
 	// caller that holds back UnreportedLen bytes must make room for
-	// PendingLen of them. It takes precedence over Inspect. Set it once.
+	// PendingLen of them. It takes precedence over Inspect. Change it only
+	// between messages (AtBoundary): it is asked at each header.
 	Whole func(typ byte, length int) bool
 	// MaxLen bounds a message's length as its header counts it (the body
 	// and the four bytes of the length word); a longer one is an error
