@@ -1005,3 +1005,36 @@ func TestConsoleShutdownWhilePaused(t *testing.T) {
 		t.Errorf("Shutdown: %v", err)
 	}
 }
+
+// TestConsolePreparedStatements: SHOW PREPARED_STATEMENTS lists the
+// statements clients prepared in a pool under their server-side names,
+// with the text, the declared parameters and whether Postgres prepared
+// them; two clients preparing one text share one row.
+func TestConsolePreparedStatements(t *testing.T) {
+	tp := consolePooler(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const text = "SELECT $1::int + 41"
+	for _, name := range []string{"mine", "theirs"} {
+		client := tp.connect(t, ctx)
+		if _, err := client.PgConn().Prepare(ctx, name, text, []uint32{23}); err != nil {
+			t.Fatalf("Prepare %s: %v", name, err)
+		}
+		results := client.PgConn().ExecPrepared(ctx, name, [][]byte{[]byte("1")}, nil, nil).Read()
+		err := results.Err
+		if err != nil || len(results.Rows) != 1 || string(results.Rows[0][0]) != "42" {
+			t.Fatalf("running %s: %v, %v", name, results.Rows, err)
+		}
+	}
+	console := mustConsole(t, ctx, tp.addr, "admin")
+	result := show(t, ctx, console, "prepared_statements")
+	checkColumns(t, "prepared_statements", result.columns, admin.PreparedStatements)
+	if n := result.count("statement", text); n != 1 {
+		t.Fatalf("SHOW PREPARED_STATEMENTS has %d rows of %q, want 1 (shared by both clients): %v", n, text, result.rows)
+	}
+	r := result.find("statement", text)
+	if r["database"] != appDB || r["user"] != appUser || !strings.HasPrefix(r["name"], "pgtender_") ||
+		r["parameters"] != "1" || r["prepared"] != "1" || atoi(t, r["memory_used"]) < len(text) {
+		t.Errorf("SHOW PREPARED_STATEMENTS row: %v", r)
+	}
+}

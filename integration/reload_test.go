@@ -113,6 +113,9 @@ func TestReloadPoolModeChange(t *testing.T) {
 			t.Fatalf("transaction mode, one server connection for two clients: %v", err)
 		}
 	}
+	// pgx's QueryRow prepares a named statement, renamed in transaction
+	// mode: a goes on using it after it has moved to session mode.
+	backendPID(t, ctx, a)
 
 	rp.reload(t, ctx, general, "pool_size = 1\npooler_mode = \"session\"", "", true)
 	if _, err := a.Exec(ctx, "SET application_name = 'held by a'"); err != nil {
@@ -124,6 +127,9 @@ func TestReloadPoolModeChange(t *testing.T) {
 	var name string
 	if err := a.QueryRow(ctx, "SHOW application_name").Scan(&name); err != nil || name != "held by a" {
 		t.Fatalf("a's session state in session mode: %q, %v", name, err)
+	}
+	if first, again := backendPID(t, ctx, a), backendPID(t, ctx, a); first != again {
+		t.Errorf("a's backend changed in session mode: %d -> %d", first, again)
 	}
 	a.Close(ctx)
 	if _, err := b.Exec(ctx, "SELECT 1"); err != nil {
@@ -144,6 +150,11 @@ func TestReloadPoolModeChange(t *testing.T) {
 	for _, client := range []*pgx.Conn{d, c, b, d, c, b} {
 		if _, err := client.Exec(ctx, "SELECT 1"); err != nil {
 			t.Fatalf("after the reload to transaction mode: %v", err)
+		}
+		// A named statement each: d's, c's renamed, b's in session mode.
+		var one int
+		if err := client.QueryRow(ctx, "SELECT $1::int", 1).Scan(&one); err != nil || one != 1 {
+			t.Fatalf("a prepared statement after the reload to transaction mode: %d, %v", one, err)
 		}
 	}
 	if got := backendPID(t, ctx, b); got != heldPID {

@@ -21,7 +21,7 @@ import (
 const consoleHelp = `
 	SHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION
 	SHOW STATS|STATS_TOTALS|STATS_AVERAGES|LISTS|STATE
-	SHOW LOGINS
+	SHOW LOGINS|PREPARED_STATEMENTS
 	PAUSE [<db>]
 	RESUME [<db>]
 	KILL_CLIENT <id>
@@ -77,6 +77,8 @@ func (p *Pooler) consoleShow(dst []byte, subject string) []byte {
 		result = p.showState()
 	case "logins":
 		result = p.showLogins()
+	case "prepared_statements":
+		result = p.showPreparedStatements()
 	default:
 		value, ok := consoleSettingAnswers[subject]
 		if !ok {
@@ -495,6 +497,27 @@ func (p *Pooler) showState() *admin.Result {
 	result.Add("paused", yesNo(pausedAll))
 	result.Add("suspended", "no")
 	result.Add("shutting_down", yesNo(p.draining.Load() || p.notAccepting.Load()))
+	return result
+}
+
+// showPreparedStatements is pgtender's SHOW PREPARED_STATEMENTS: the
+// statements each pool's registry holds (prepared.go), pools ordered as
+// in SHOW POOLS, statements by name. The registry holds statements of
+// pools whose prepared_statements renaming is on; a statement a client
+// prepared stays its client's after the registry forgets it, and is not
+// listed then.
+func (p *Pooler) showPreparedStatements() *admin.Result {
+	result := admin.PreparedStatements.NewResult()
+	pools := p.poolList()
+	slices.SortFunc(pools, func(a, b *Pool) int {
+		return cmp.Or(cmp.Compare(a.key.database, b.key.database), cmp.Compare(a.key.user, b.key.user))
+	})
+	for _, pool := range pools {
+		for _, stmt := range pool.statements.list() {
+			result.Add(pool.key.database, pool.key.user, stmt.name, stmt.searchPath, stmt.parameters,
+				zeroOne(stmt.prepared), stmt.bytes, stmt.query)
+		}
+	}
 	return result
 }
 

@@ -2,9 +2,13 @@ package pooler
 
 import (
 	"bytes"
+	"cmp"
 	"container/list"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -154,6 +158,42 @@ func (r *statementRegistry) supersede(stmt *preparedStatement) {
 		delete(r.byKey, stmt.key)
 		r.bytes -= stmt.size()
 	}
+}
+
+// statementInfo is what SHOW PREPARED_STATEMENTS shows of a statement.
+type statementInfo struct {
+	name, searchPath, query string
+	parameters              int  // parameter types the Parse declared
+	prepared                bool // Postgres has prepared it on some server connection
+	bytes                   int  // what it costs the registry (size)
+}
+
+// list returns the registry's statements, ordered by name.
+func (r *statementRegistry) list() []statementInfo {
+	r.mu.Lock()
+	stmts := slices.Collect(maps.Values(r.byKey))
+	r.mu.Unlock()
+	infos := make([]statementInfo, 0, len(stmts))
+	for _, stmt := range stmts {
+		searchPath, query, paramTypes := splitStatementKey(stmt.key)
+		parameters := 0
+		if len(paramTypes) >= 2 { // the Parse's raw section: a count, then the OIDs
+			parameters = wire.Parse{ParamTypes: []byte(paramTypes)}.ParamCount()
+		}
+		infos = append(infos, statementInfo{name: string(stmt.name), searchPath: searchPath, query: query,
+			parameters: parameters, prepared: stmt.prepared.Load(), bytes: stmt.size()})
+	}
+	slices.SortFunc(infos, func(a, b statementInfo) int { return cmp.Compare(a.name, b.name) })
+	return infos
+}
+
+// splitStatementKey undoes statementKey: the search_path, the query text
+// (neither holds a zero byte, which Postgres strings cannot) and the
+// Parse's parameter type section (wire.Parse.ParamTypes).
+func splitStatementKey(key string) (searchPath, query, paramTypes string) {
+	searchPath, rest, _ := strings.Cut(key, "\x00")
+	query, paramTypes, _ = strings.Cut(rest, "\x00")
+	return searchPath, query, paramTypes
 }
 
 // len returns the number of statements, for metrics.

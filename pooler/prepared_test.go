@@ -466,3 +466,15 @@ func checkWritten(t *testing.T, written []byte) {
 		}
 	}
 }
+
+// TestSplitStatementKey: SHOW PREPARED_STATEMENTS reads a statement's key
+// back into what statementKey made it of, parameter OIDs with zero bytes
+// included.
+func TestSplitStatementKey(t *testing.T) {
+	paramTypes := []byte{0, 2, 0, 0, 0, 23, 0, 0, 0, 25}
+	key := statementKey(nil, `"$user", public`, wire.Parse{Query: []byte("SELECT $1::int, $2::text"), ParamTypes: paramTypes})
+	searchPath, query, params := splitStatementKey(string(key))
+	if searchPath != `"$user", public` || query != "SELECT $1::int, $2::text" || params != string(paramTypes) {
+		t.Errorf("splitStatementKey = %q, %q, %q", searchPath, query, params)
+	}
+}

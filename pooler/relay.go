@@ -140,8 +140,11 @@ func (s *session) followReplacedPool() error {
 		return nil
 	}
 	if pool.retired.Load() {
+		if pool.removed.Load() {
+			return fatalError(sqlstateAdminShutdown, removedMessage(pool.key), nil)
+		}
 		next, ok := s.pooler.poolFor(s.user, s.database)
-		if pool.removed.Load() || !ok {
+		if !ok {
 			return fatalError(sqlstateAdminShutdown, removedMessage(pool.key), nil)
 		}
 		s.pool, pool = next, next
@@ -149,7 +152,12 @@ func (s *session) followReplacedPool() error {
 	if mode := pool.settings.Load().mode; mode != s.mode {
 		s.pooler.log.Info("client takes its pool's new pooler_mode", s.logFields(zap.String("from", string(s.mode)), zap.String("to", string(mode)))...)
 		s.mode = mode
-		s.scanner.Whole = wholeClientMessages(mode)
+		// A client whose statements are renamed keeps them so (its names
+		// map to pool-wide ones); one that was in session mode has linked
+		// no server connection yet, so it has no statement, and renames
+		// from now on if its new pool does.
+		s.renaming = s.renaming || pool.settings.Load().preparedStatements
+		s.scanner.Whole = wholeClientMessages(mode, s.renaming)
 	}
 	return nil
 }
@@ -434,13 +442,14 @@ var clientScanners = sync.Pool{New: func() any { return new(wire.Scanner) }}
 // prepared again on another server connection, need their messages whole.
 func (s *session) takeScanner() {
 	scanner := clientScanners.Get().(*wire.Scanner)
-	*scanner = wire.Scanner{Inspect: inspectClientMessage, Whole: wholeClientMessages(s.mode), MaxLen: s.maxMessageLen}
+	*scanner = wire.Scanner{Inspect: inspectClientMessage, Whole: wholeClientMessages(s.mode, s.renaming), MaxLen: s.maxMessageLen}
 	s.scanner = scanner
 }
 
-// wholeClientMessages is the scanner's Whole for a session in mode.
-func wholeClientMessages(mode config.PoolerMode) func(typ byte, length int) bool {
-	if mode == config.PoolerModeTransaction {
+// wholeClientMessages is the scanner's Whole for a session in mode, whose
+// named statements are renamed or not.
+func wholeClientMessages(mode config.PoolerMode, renaming bool) func(typ byte, length int) bool {
+	if mode == config.PoolerModeTransaction || renaming {
 		return wholeClientMessage
 	}
 	return nil

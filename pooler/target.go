@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -326,10 +328,7 @@ type ServerTarget struct {
 // particular order.
 func (p *Pooler) ServerTargets() []ServerTarget {
 	p.targetsMu.Lock()
-	targets := make([]*serverTarget, 0, len(p.targets))
-	for _, t := range p.targets {
-		targets = append(targets, t)
-	}
+	targets := slices.Collect(maps.Values(p.targets))
 	p.targetsMu.Unlock()
 	out := make([]ServerTarget, 0, len(targets))
 	for _, t := range targets {

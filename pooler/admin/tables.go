@@ -127,4 +127,11 @@ var (
 
 	// Logins is pgtender's SHOW LOGINS: one row per figure, as SHOW LISTS.
 	Logins = newTable("", nil, "sq", "name", "value")
+
+	// PreparedStatements is pgtender's SHOW PREPARED_STATEMENTS (PgBouncer
+	// has none; PgDog's SHOW PREPARED STATEMENTS lists name, statement and
+	// memory_used): one row per statement of each pool's registry, under
+	// its server-side name.
+	PreparedStatements = newTable("", nil, "ssssiiqs",
+		"database", "user", "name", "search_path", "parameters", "prepared", "memory_used", "statement")
 )
