@@ -425,3 +425,23 @@ func (pr *process) stop(t *testing.T) {
 		return len(fields) > 0 && fields[0] == "T"
 	})
 }
+
+// startChild starts cmd, its output (stdout and stderr) into the buffer it
+// returns, and kills it at the end of the test; the channel is closed when
+// it has exited. Cleanups run last-in first-out, so one the caller
+// registers after this runs before the kill.
+func startChild(t testing.TB, cmd *exec.Cmd) (*syncBuffer, <-chan struct{}) {
+	t.Helper()
+	output := new(syncBuffer)
+	cmd.Stdout, cmd.Stderr = output, output
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	return output, exited
+}

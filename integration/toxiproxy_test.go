@@ -85,17 +85,9 @@ func startToxiproxy(t testing.TB) *toxiproxy {
 	bin := toxiproxyServerBinary(t)
 	port := freePort(t)
 	cmd := exec.Command(bin, "-host", "127.0.0.1", "-port", strconv.Itoa(port))
-	var logs syncBuffer
 	cmd.Env = append(os.Environ(), "LOG_LEVEL=warn") // its trace and info lines would bury pgtender's
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	logs, _ := startChild(t, cmd)
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
 		if t.Failed() {
 			t.Logf("toxiproxy log:\n%s", logs.String())
 		}
