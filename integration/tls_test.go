@@ -466,3 +466,45 @@ func TestTLSIdleServerConnectionThatDiedIsNotHandedOut(t *testing.T) {
 		t.Fatalf("served by the terminated backend %d", pid)
 	}
 }
+
+// TestConsoleTLS: the admin console is served over TLS when the client
+// asks (pgx, sslmode=verify-full, sees pgtender's certificate), and
+// refused without TLS under tls_client_required; SHOW, PAUSE (whose wait
+// watches the raw socket under the TLS layer) and RESUME work through it.
+func TestConsoleTLS(t *testing.T) {
+	leaf, tlsLines := poolerCert(t, t.TempDir())
+	tp := startPooler(t, poolerOptions{
+		general: joinLines(tlsLines, "tls_client_required = true", `passthrough_auth = "enabled_plain"`),
+		pool:    "pool_size = 2\n\n[admin]\npassword = \"" + consolePassword + "\"",
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	host, port, _ := net.SplitHostPort(tp.addr)
+	cc, err := pgx.ParseConfig(fmt.Sprintf("postgres://%s:%s@%s/pgbouncer?sslmode=verify-full&connect_timeout=10",
+		consoleUser, consolePassword, net.JoinHostPort(host, port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.TLSConfig.RootCAs = testCA.Pool()
+	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	console, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		t.Fatalf("console over TLS: %v", err)
+	}
+	defer console.Close(ctx)
+	tlsConn, ok := console.PgConn().Conn().(*tls.Conn)
+	if !ok {
+		t.Fatal("the console session is not over TLS")
+	}
+	if got := tlsConn.ConnectionState().PeerCertificates[0].SerialNumber; got.Cmp(leaf.Cert.SerialNumber) != 0 {
+		t.Errorf("the console showed certificate %v, want pgtender's %v", got, leaf.Cert.SerialNumber)
+	}
+	for _, command := range []string{"SHOW POOLS", "PAUSE " + appDB, "RESUME " + appDB, "SHOW DATABASES"} {
+		if err := consoleExec(ctx, console, command); err != nil {
+			t.Errorf("%s over TLS: %v", command, err)
+		}
+	}
+	if _, err := consoleConnect(ctx, tp.addr, consoleUser, consolePassword, "pgbouncer"); sqlState(err) != "28000" {
+		t.Errorf("the console without TLS under tls_client_required: %v, want 28000", err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -185,10 +186,17 @@ func drainAfterClients(p *pooler.Pooler, endpoints *metrics.Servers, log *zap.Lo
 	}
 }
 
+// reloadMu makes each reload read the files and apply them as one step:
+// SIGHUP and the console's RELOAD may come at once, and a reload that read
+// the files first must not apply them after one that read them later.
+var reloadMu sync.Mutex
+
 // reload re-reads both files; a broken file leaves the running config as
 // it is, and the error says why (logged here; the console's RELOAD shows
 // it to its caller too).
 func reload(p *pooler.Pooler, log *zap.Logger, configPath, usersPath string) error {
+	reloadMu.Lock()
+	defer reloadMu.Unlock()
 	cfg, err := config.Load(configPath, usersPath)
 	if err == nil {
 		err = p.Reload(cfg)
