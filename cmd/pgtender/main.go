@@ -98,6 +98,12 @@ func run(args []string) int {
 		},
 		Logins: func() []pooler.LoginFigure { return append(recorder.Figures(), metrics.ListenFigures(p)...) },
 	})
+	// Signals are caught from before the port opens: a SIGTERM that comes
+	// as soon as a client can connect (a test, an orchestrator) must drain,
+	// not kill the process by the default action. They wait in the channel
+	// until the loop below reads them.
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
 	if err := p.Listen(); err != nil {
 		log.Error("cannot listen", zap.Error(err))
 		return 1
@@ -119,8 +125,6 @@ func run(args []string) int {
 	log.Info("pgtender started", zap.String("version", version), zap.String("pooler_mode", string(cfg.General.PoolerMode)),
 		zap.String("passthrough_auth", string(cfg.General.PassthroughAuth)))
 
-	signals := make(chan os.Signal, 2)
-	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- p.Serve() }()
 
