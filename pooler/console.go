@@ -221,6 +221,19 @@ func (s *session) serveConsole() error {
 	}
 }
 
+// databaseConfigured reports whether the running configuration has a
+// [[databases]] entry named name, for the commands that take one.
+func (p *Pooler) databaseConfigured(name string) bool {
+	_, ok := p.state.Load().cfg.Database(name)
+	return ok
+}
+
+// noSuchDatabase is the console's answer to a command naming a database
+// that is not configured.
+func noSuchDatabase(dst []byte, name string) []byte {
+	return consoleError(dst, sqlstateUndefinedObject, "no such database: "+name)
+}
+
 // consoleError appends an ErrorResponse of severity ERROR: the console
 // session goes on.
 func consoleError(dst []byte, code, message string) []byte {
@@ -285,16 +298,14 @@ func (s *session) runConsoleQuery(query string, dst []byte) []byte {
 		if cmd.Arg == "" {
 			return consoleError(dst, sqlstateSyntaxError, cmd.Verb+" takes a database name")
 		}
-		if _, ok := p.state.Load().cfg.Database(cmd.Arg); !ok {
-			return consoleError(dst, sqlstateUndefinedObject, "no such database: "+cmd.Arg)
+		if !p.databaseConfigured(cmd.Arg) {
+			return noSuchDatabase(dst, cmd.Arg)
 		}
 		p.setDatabaseDisabled(cmd.Arg, cmd.Verb == "DISABLE")
 		return wire.AppendCommandComplete(dst, cmd.Verb)
 	case "RECONNECT":
-		if cmd.Arg != "" {
-			if _, ok := p.state.Load().cfg.Database(cmd.Arg); !ok {
-				return consoleError(dst, sqlstateUndefinedObject, "no such database: "+cmd.Arg)
-			}
+		if cmd.Arg != "" && !p.databaseConfigured(cmd.Arg) {
+			return noSuchDatabase(dst, cmd.Arg)
 		}
 		pools, closed := p.reconnectPools(cmd.Arg)
 		p.log.Info("RECONNECT: server connections are replaced as they come back", zap.String("database", cmd.Arg),
@@ -303,10 +314,8 @@ func (s *session) runConsoleQuery(query string, dst []byte) []byte {
 	case "PAUSE":
 		return s.pause(dst, cmd.Arg)
 	case "RESUME":
-		if cmd.Arg != "" {
-			if _, ok := p.state.Load().cfg.Database(cmd.Arg); !ok {
-				return consoleError(dst, sqlstateUndefinedObject, "no such database: "+cmd.Arg)
-			}
+		if cmd.Arg != "" && !p.databaseConfigured(cmd.Arg) {
+			return noSuchDatabase(dst, cmd.Arg)
 		}
 		if err := p.resumeDatabases(cmd.Arg); err != nil {
 			return consoleError(dst, sqlstateObjectNotInPrerequisiteState, err.Error())
@@ -327,10 +336,8 @@ func (s *session) runConsoleQuery(query string, dst []byte) []byte {
 // ends it), and so does shutdown, which drains regardless.
 func (s *session) pause(dst []byte, database string) []byte {
 	p := s.pooler
-	if database != "" {
-		if _, ok := p.state.Load().cfg.Database(database); !ok {
-			return consoleError(dst, sqlstateUndefinedObject, "no such database: "+database)
-		}
+	if database != "" && !p.databaseConfigured(database) {
+		return noSuchDatabase(dst, database)
 	}
 	if p.draining.Load() {
 		return consoleError(dst, sqlstateObjectNotInPrerequisiteState, "pgtender is shutting down")
