@@ -132,20 +132,16 @@ type serverParameter struct {
 
 // poolStats are the pool's counters, read by metrics and the admin console.
 type poolStats struct {
-	checkoutTimeouts atomic.Int64
-	serverConnects   atomic.Int64
-	waitNanos        atomic.Int64
-	transactions     atomic.Uint64
-	queries          atomic.Uint64
-	bytesReceived    atomic.Uint64
-	bytesSent        atomic.Uint64
-	checkoutWait     durationHistogram
-	// logins counts the clients logged in to the pool (SHOW STATS's
-	// client_login_count); assignments the server connections it gave
+	// stripes are the counters transactions move (poolCounters);
+	// assignments there counts the server connections the pool gave
 	// clients (server_assignment_count), pgtender's own checkouts (login
 	// parameters, settings checks) not counted.
-	logins      atomic.Uint64
-	assignments atomic.Uint64
+	stripes          []poolCounters
+	checkoutTimeouts atomic.Int64
+	serverConnects   atomic.Int64
+	// logins counts the clients logged in to the pool (SHOW STATS's
+	// client_login_count).
+	logins atomic.Uint64
 	// pinnedClients counts clients whose server connection is pinned to
 	// them (sessionPins).
 	pinnedClients atomic.Int64
@@ -164,6 +160,7 @@ type poolStats struct {
 
 func newPool(key poolKey, settings poolSettings, connect func(ctx context.Context) (*ServerConn, error)) *Pool {
 	p := &Pool{key: key, connect: connect, createdAt: time.Now()}
+	p.stats.stripes = newCounterStripes()
 	p.settings.Store(&settings)
 	return p
 }
@@ -173,15 +170,15 @@ func newPool(key poolKey, settings poolSettings, connect func(ctx context.Contex
 // for a deadline (a timer) to wait with. A connection due for a health
 // check (checkDue) is left to Acquire, whose checkout context bounds it.
 func (p *Pool) TryAcquireIdle() *ServerConn {
-	return p.tryAcquireIdle(nil)
+	return p.tryAcquireIdle(nil, p.stats.stripe(0))
 }
 
 // tryAcquireIdle takes idle connections from the most recently used until
 // one passes the peek (idleAndAlive) and, when due, a health check bounded
 // by ctx; it closes the others and gives their capacity to the first
 // waiter. With a nil ctx it checks nothing, and stops at a connection due
-// for a check.
-func (p *Pool) tryAcquireIdle(ctx context.Context) *ServerConn {
+// for a check. The checkout is counted in counters, the caller's stripe.
+func (p *Pool) tryAcquireIdle(ctx context.Context, counters *poolCounters) *ServerConn {
 	settings := p.settings.Load()
 	var now time.Time
 	if settings.healthcheckInterval > 0 {
@@ -199,7 +196,7 @@ func (p *Pool) tryAcquireIdle(ctx context.Context) *ServerConn {
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
 		if sc.idleAndAlive() && (!due || p.checkAtCheckout(ctx, sc, settings.healthcheckTimeout)) {
-			p.stats.checkoutWait.observe(0)
+			counters.checkoutWait.observe(0)
 			return sc
 		}
 		sc.close()
@@ -250,8 +247,14 @@ func (p *Pool) healthCheck(ctx context.Context, sc *ServerConn, timeout time.Dur
 // caller must give it back with Release or Discard. It waits at most until
 // ctx ends and returns ErrCheckoutTimeout (or ErrPoolClosed) then.
 func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
+	return p.acquire(ctx, p.stats.stripe(0))
+}
+
+// acquire is Acquire counting the checkout in counters, the caller's
+// stripe.
+func (p *Pool) acquire(ctx context.Context, counters *poolCounters) (*ServerConn, error) {
 	for {
-		if sc := p.tryAcquireIdle(ctx); sc != nil {
+		if sc := p.tryAcquireIdle(ctx, counters); sc != nil {
 			return sc, nil
 		}
 		p.mu.Lock()
@@ -272,7 +275,7 @@ func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
 			start := time.Now()
 			sc, err := p.open(ctx)
 			if err == nil {
-				p.stats.checkoutWait.observe(time.Since(start))
+				counters.checkoutWait.observe(time.Since(start))
 			}
 			return sc, err
 		}
@@ -285,8 +288,8 @@ func (p *Pool) Acquire(ctx context.Context) (*ServerConn, error) {
 
 	defer func() {
 		waited := time.Since(start)
-		p.stats.waitNanos.Add(int64(waited))
-		p.stats.checkoutWait.observe(waited)
+		counters.waitNanos.Add(int64(waited))
+		counters.checkoutWait.observe(waited)
 	}()
 	select {
 	case sc := <-waiter.ch:

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"runtime/debug"
 	"slices"
@@ -53,6 +54,10 @@ type Pooler struct {
 
 	poolsMu sync.Mutex
 	pools   map[poolKey]*Pool
+	// poolsView is a copy of pools that is never changed in place, stored
+	// again under poolsMu after each change (publishPoolsLocked), so that
+	// a login finds its pool without taking poolsMu.
+	poolsView atomic.Pointer[map[poolKey]*Pool]
 	// paused is what the console's PAUSE holds (control.go), guarded by
 	// poolsMu so that a pool made while a pause is on starts paused.
 	paused pauseSet
@@ -344,6 +349,7 @@ wait:
 		pool.close()
 		delete(p.pools, key)
 	}
+	p.publishPoolsLocked()
 	p.poolsMu.Unlock()
 	return err
 }
@@ -406,6 +412,11 @@ func (p *Pooler) unregisterSession(s *session) {
 // ok is false when the running configuration has no such pool (serves).
 func (p *Pooler) poolFor(user, database string) (*Pool, bool) {
 	key := poolKey{user: user, database: database}
+	if view := p.poolsView.Load(); view != nil {
+		if pool, ok := (*view)[key]; ok {
+			return pool, true
+		}
+	}
 	p.poolsMu.Lock()
 	defer p.poolsMu.Unlock()
 	if pool, ok := p.pools[key]; ok {
@@ -420,7 +431,18 @@ func (p *Pooler) poolFor(user, database string) (*Pool, bool) {
 		return nil, false
 	}
 	p.pools[key] = pool
+	p.publishPoolsLocked()
 	return pool, true
+}
+
+// publishPoolsLocked stores a copy of p.pools as p.poolsView. A reader
+// that loaded the view before a change sees the pools as they were just
+// before it, as one that took poolsMu just before the change would have;
+// a pool closed meanwhile answers ErrPoolClosed, on which its sessions ask
+// poolFor again. p.poolsMu must be held.
+func (p *Pooler) publishPoolsLocked() {
+	view := maps.Clone(p.pools)
+	p.poolsView.Store(&view)
 }
 
 // servesPool reports whether cfg has the pool of key: its database is

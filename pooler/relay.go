@@ -616,7 +616,7 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	} else {
 		err = s.writeEdited(sc.conn, chunk, edits)
 	}
-	sc.pool.stats.bytesReceived.Add(uint64(len(chunk)))
+	sc.pool.stats.stripe(s.processID).bytesReceived.Add(uint64(len(chunk)))
 
 	s.mu.Lock()
 	s.writing = false
@@ -692,24 +692,24 @@ func (s *session) editedBuffers(chunk []byte, edits []edit) net.Buffers {
 func (s *session) acquire() (*ServerConn, error) {
 	sc, err := s.acquireFromPool()
 	if err == nil {
-		sc.pool.stats.assignments.Add(1)
+		sc.pool.stats.stripe(s.processID).assignments.Add(1)
 	}
 	return sc, err
 }
 
 // acquireFromPool is acquire without the count.
 func (s *session) acquireFromPool() (*ServerConn, error) {
-	if sc := s.pool.TryAcquireIdle(); sc != nil {
+	if sc := s.pool.tryAcquireIdle(nil, s.pool.stats.stripe(s.processID)); sc != nil {
 		return sc, nil
 	}
 	ctx, cancel := s.checkoutContext(time.Time{})
 	defer cancel()
 	ctx, stopWatching := s.watchClientWhileWaiting(ctx)
-	sc, err := s.pool.Acquire(ctx)
+	sc, err := s.pool.acquire(ctx, s.pool.stats.stripe(s.processID))
 	if errors.Is(err, ErrPoolClosed) && !s.pooler.draining.Load() {
 		if pool, ok := s.pooler.poolFor(s.user, s.database); ok {
 			s.pool = pool
-			sc, err = pool.Acquire(ctx)
+			sc, err = pool.acquire(ctx, pool.stats.stripe(s.processID))
 		}
 	}
 	if left := stopWatching(); err != nil && left != nil {
@@ -882,8 +882,7 @@ func (s *session) readServer(sc *ServerConn) {
 			sc.carried = copy(sc.buf, sc.buf[total-partial:total])
 			sc.scanner.DropUnreported()
 		}
-		stats := &sc.pool.stats
-		stats.bytesSent.Add(uint64(len(forward)))
+		sc.pool.stats.stripe(s.processID).bytesSent.Add(uint64(len(forward)))
 		if readies > 0 {
 			s.countReadies(sc, readies, idleReadies)
 		}
@@ -1060,8 +1059,9 @@ func (s *session) insertSyntheticLocked(out *serverOutput, at int) {
 // statement run in autocommit).
 func (s *session) countReadies(sc *ServerConn, readies, idle int) {
 	s.transactions.Add(int64(idle))
-	sc.pool.stats.transactions.Add(uint64(idle))
-	sc.pool.stats.queries.Add(uint64(readies))
+	counters := sc.pool.stats.stripe(s.processID)
+	counters.transactions.Add(uint64(idle))
+	counters.queries.Add(uint64(readies))
 }
 
 // writeSyntheticLocked writes pgtender's replies that are due, for

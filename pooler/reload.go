@@ -68,6 +68,7 @@ func (p *Pooler) Reload(cfg *config.Config) error {
 		}
 		pool.resize(settings)
 	}
+	p.publishPoolsLocked()
 	p.poolsMu.Unlock()
 	for _, pool := range closed {
 		pool.close()

@@ -1,10 +1,14 @@
 package pooler
 
 import (
+	"math/bits"
 	"net"
+	"runtime"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/cpu"
 
 	"github.com/pgtender/pgtender/config"
 )
@@ -41,16 +45,86 @@ type HistogramSnapshot struct {
 	SumSeconds float64
 }
 
-func (h *durationHistogram) snapshot() HistogramSnapshot {
+// snapshotOf sums histograms (a pool's stripes) into one snapshot.
+func snapshotOf(histograms ...*durationHistogram) HistogramSnapshot {
+	var counts [16]uint64
+	var sumNanos uint64
+	for _, h := range histograms {
+		for i := range counts {
+			counts[i] += h.counts[i].Load()
+		}
+		sumNanos += h.sumNanos.Load()
+	}
 	snap := HistogramSnapshot{Bounds: CheckoutWaitBuckets, Cumulative: make([]uint64, len(CheckoutWaitBuckets))}
 	var running uint64
 	for i := range CheckoutWaitBuckets {
-		running += h.counts[i].Load()
+		running += counts[i]
 		snap.Cumulative[i] = running
 	}
-	snap.Count = running + h.counts[len(CheckoutWaitBuckets)].Load()
-	snap.SumSeconds = float64(h.sumNanos.Load()) / 1e9
+	snap.Count = running + counts[len(CheckoutWaitBuckets)]
+	snap.SumSeconds = float64(sumNanos) / 1e9
 	return snap
+}
+
+// poolCounters are the counters of a pool that its clients' transactions
+// move: each checkout, each chunk relayed, each ReadyForQuery. A pool keeps
+// several (poolStats.stripes), each padded to cache lines of its own, and a
+// session writes only the one its process id picks (poolStats.stripe), so
+// that two sessions busy on two cores seldom write the same cache line;
+// readers sum the stripes (sumStripes). Counters moved once per login or
+// per server connection stay single in poolStats.
+type poolCounters struct {
+	transactions  atomic.Uint64
+	queries       atomic.Uint64
+	bytesReceived atomic.Uint64
+	bytesSent     atomic.Uint64
+	assignments   atomic.Uint64
+	waitNanos     atomic.Int64
+	checkoutWait  durationHistogram
+	_             cpu.CacheLinePad // the next stripe starts on another line
+}
+
+// maxCounterStripes bounds a pool's stripes, which cost memory per pool.
+const maxCounterStripes = 64
+
+// newCounterStripes returns a pool's stripes: about two per core, a power
+// of two.
+func newCounterStripes() []poolCounters {
+	n := 2 * runtime.GOMAXPROCS(0)
+	return make([]poolCounters, min(1<<bits.Len(uint(n-1)), maxCounterStripes))
+}
+
+// stripe returns the stripe a session with process id id writes. The ids'
+// low bits are uniform (keySource.processID), so sessions spread evenly.
+// pgtender's own checkouts (login parameters, settings checks) use id 0.
+func (st *poolStats) stripe(id uint32) *poolCounters {
+	return &st.stripes[id&uint32(len(st.stripes)-1)]
+}
+
+// counterSums is a pool's poolCounters summed over its stripes.
+type counterSums struct {
+	transactions, queries, bytesReceived, bytesSent, assignments uint64
+	waitTime                                                     time.Duration
+	checkoutWait                                                 HistogramSnapshot
+}
+
+// sumStripes adds up st's stripes. Each counter only grows, so the sum of
+// reads made one after the other never goes back between two calls.
+func (st *poolStats) sumStripes() counterSums {
+	var sums counterSums
+	histograms := make([]*durationHistogram, len(st.stripes))
+	for i := range st.stripes {
+		c := &st.stripes[i]
+		sums.transactions += c.transactions.Load()
+		sums.queries += c.queries.Load()
+		sums.bytesReceived += c.bytesReceived.Load()
+		sums.bytesSent += c.bytesSent.Load()
+		sums.assignments += c.assignments.Load()
+		sums.waitTime += time.Duration(c.waitNanos.Load())
+		histograms[i] = &c.checkoutWait
+	}
+	sums.checkoutWait = snapshotOf(histograms...)
+	return sums
 }
 
 // PoolStats is a snapshot of one pool, named after PgBouncer's and PgDog's
@@ -113,18 +187,19 @@ func (p *Pooler) PoolStats() []PoolStats {
 	now := time.Now()
 	for _, pool := range order {
 		settings := pool.settings.Load()
+		sums := pool.stats.sumStripes()
 		st := &PoolStats{
 			User: pool.key.user, Database: pool.key.database, Mode: settings.mode, Size: settings.size,
-			Transactions:        pool.stats.transactions.Load(),
-			Queries:             pool.stats.queries.Load(),
-			BytesReceived:       pool.stats.bytesReceived.Load(),
-			BytesSent:           pool.stats.bytesSent.Load(),
-			WaitTime:            time.Duration(pool.stats.waitNanos.Load()),
+			Transactions:        sums.transactions,
+			Queries:             sums.queries,
+			BytesReceived:       sums.bytesReceived,
+			BytesSent:           sums.bytesSent,
+			WaitTime:            sums.waitTime,
 			ServerConnections:   uint64(pool.stats.serverConnects.Load()),
 			CheckoutTimeouts:    uint64(pool.stats.checkoutTimeouts.Load()),
 			Logins:              pool.stats.logins.Load(),
-			Assignments:         pool.stats.assignments.Load(),
-			CheckoutWait:        pool.stats.checkoutWait.snapshot(),
+			Assignments:         sums.assignments,
+			CheckoutWait:        sums.checkoutWait,
 			ClientsPinned:       int(pool.stats.pinnedClients.Load()),
 			PreparedStatements:  pool.statements.len(),
 			StatementParses:     pool.stats.statementParses.Load(),
