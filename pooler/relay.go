@@ -725,10 +725,14 @@ var errCanceledWhileWaiting = errors.New("canceled by the client while waiting f
 // watchClientWhileWaiting returns ctx, which also ends when the client
 // leaves (errClientLeft) or cancels (errCanceledWhileWaiting), and the
 // function that stops the watch and returns which of the two ended it, if
-// either did. The watch is a goroutine waiting for the client's socket to
+// either did. A cancel ends ctx at once (Pooler.cancelRequest). The watch
+// for a client leaving is a goroutine waiting for the client's socket to
 // turn readable (a peek: it consumes nothing), ended by a read deadline in
-// the past; bytes from the client (it pipelines) end it too, since then
-// it cannot tell a close that follows them.
+// the past; bytes from the client (it pipelines) end it too, since then it
+// cannot tell a close that follows them. It starts only once the checkout
+// has waited clientWatchDelay: most waits end sooner (a connection comes
+// back as another client's transaction ends), and for those the goroutine,
+// its peeks and the two deadline changes would be spent for nothing.
 func (s *session) watchClientWhileWaiting(ctx context.Context) (context.Context, func() error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	if s.clientPeeker == nil {
@@ -739,22 +743,26 @@ func (s *session) watchClientWhileWaiting(ctx context.Context) (context.Context,
 	s.waitingSince = time.Now()
 	s.mu.Unlock()
 	done := make(chan struct{})
-	go func() {
+	watch := time.AfterFunc(clientWatchDelay, func() {
 		defer close(done)
 		if s.clientPeeker.wait() == peekClosed {
 			cancel(errClientLeft)
 		}
-	}()
+	})
 	return ctx, func() error {
 		s.mu.Lock()
 		s.checkoutCancel = nil
 		s.waitingSince = time.Time{}
 		s.mu.Unlock()
-		_ = s.tcp.SetReadDeadline(time.Now())
-		<-done
-		// No server connection is linked while the session checks one
-		// out, so no idle-in-transaction deadline is due.
-		_ = s.tcp.SetReadDeadline(time.Time{})
+		if !watch.Stop() {
+			// The watch runs, or is about to: a deadline in the past ends
+			// its wait, or its first peek if it starts after this.
+			_ = s.tcp.SetReadDeadline(time.Now())
+			<-done
+			// No server connection is linked while the session checks
+			// one out, so no idle-in-transaction deadline is due.
+			_ = s.tcp.SetReadDeadline(time.Time{})
+		}
 		cause := context.Cause(ctx)
 		cancel(nil)
 		if cause == errClientLeft || cause == errCanceledWhileWaiting {
@@ -763,6 +771,15 @@ func (s *session) watchClientWhileWaiting(ctx context.Context) (context.Context,
 		return nil
 	}
 }
+
+// clientWatchDelay is how long a checkout waits before the client's socket
+// is watched for the client leaving (watchClientWhileWaiting). A client
+// that leaves sooner is noticed up to this much later: its checkout is
+// abandoned when the watch starts, unless a connection comes back first;
+// then its request runs and the relay finds the client gone when it writes
+// the reply, as Postgres runs a query whose client closed just after
+// sending it and finds out when it answers.
+const clientWatchDelay = 2 * time.Millisecond
 
 // linkServer makes sc the session's server connection and starts the
 // goroutine that relays its output. s.mu must be held.
