@@ -50,6 +50,11 @@ func listenWorkers(host string, port, workers, backlog int) ([]*net.TCPListener,
 		}
 	}
 	address := net.JoinHostPort(host, strconv.Itoa(port))
+	if port != 0 {
+		if err := portFree(address); err != nil {
+			return nil, 0, err
+		}
+	}
 	for i := 0; i < workers; i++ {
 		l, err := listenConfig.Listen(context.Background(), "tcp", address)
 		if err != nil {
@@ -75,6 +80,26 @@ func listenWorkers(host string, port, workers, backlog int) ([]*net.TCPListener,
 		effective = somaxconn
 	}
 	return listeners, effective, nil
+}
+
+// portFree fails when another socket listens on address. The workers'
+// sockets share the port with SO_REUSEPORT, which the kernel grants to any
+// socket of the same user that asks for it: a second pgtender started by
+// mistake (a unit and a shell, two units) would share the port without an
+// error, and the kernel would spread logins across both, each with its own
+// pools. A socket bound without SO_REUSEPORT is refused with EADDRINUSE
+// while any other listens there (socket(7), SO_REUSEPORT), so one is opened
+// and closed first. Two pgtenders starting in the same instant may both pass
+// the check before either listens; that window is what is left.
+func portFree(address string) error {
+	probe, err := net.Listen("tcp", address)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("listen on %s: another process (another pgtender?) already listens there: %w", address, err)
+		}
+		return fmt.Errorf("listen on %s: %w", address, err)
+	}
+	return probe.Close()
 }
 
 // Keepalive settings inherited by accepted connections: the values Go
