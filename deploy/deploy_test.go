@@ -58,6 +58,10 @@ func referencedMetrics() []string {
 		"pgtender_listen_queue_capacity",
 		"pgtender_listen_overflows_total",
 		"pgtender_listen_drops_total",
+		// Kernel connection tracking of the network namespace; absent where the kernel has none.
+		"pgtender_conntrack_drops_total",
+		"pgtender_conntrack_early_drops_total",
+		"pgtender_conntrack_insert_failed_total",
 		// Pools, labels user and database.
 		"pgtender_cl_active",
 		"pgtender_cl_waiting",
@@ -271,6 +275,7 @@ var wantPanels = []string{
 	"Abandoned logins per second by stage",
 	"Accept queue length against capacity per listening socket",
 	"Listen overflows and drops per second (network namespace)",
+	"Conntrack drops per second (network namespace)",
 	"Waiting clients and max wait by pool",
 	"Checkout wait p99 by pool",
 	"Server connections by state",

@@ -38,13 +38,14 @@ type poolMetric struct {
 }
 
 // Collector is a prometheus.Collector over the pooler: pool figures, the
-// client count and the kernel's accept-queue figures, all read from their
-// source when scraped. Nothing is kept between scrapes, so an idle
-// endpoint costs nothing.
+// client count and the kernel's accept-queue and conntrack drop figures,
+// all read from their source when scraped. Nothing is kept between
+// scrapes, so an idle endpoint costs nothing.
 type Collector struct {
-	source      Source
-	log         *zap.Logger
-	netstatPath string
+	source        Source
+	log           *zap.Logger
+	netstatPath   string
+	conntrackPath string
 
 	pool          []poolMetric
 	checkoutWait  *prometheus.Desc
@@ -61,9 +62,11 @@ type Collector struct {
 	queueLength, queueCapacity *prometheus.Desc
 	overflows, drops           *prometheus.Desc
 
+	conntrackDrops, conntrackEarlyDrops, conntrackInsertFailed *prometheus.Desc
+
 	// Unreadable kernel figures are left out of the scrape and logged the
 	// first time only, so a kernel without them does not fill the log.
-	tcpInfoWarned, netstatWarned atomic.Bool
+	tcpInfoWarned, netstatWarned, conntrackWarned atomic.Bool
 }
 
 // NewCollector returns a collector over source whose metric names are
@@ -90,9 +93,10 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 		return poolMetric{desc(name, help), prometheus.UntypedValue, value}
 	}
 	c := &Collector{
-		source:      source,
-		log:         log,
-		netstatPath: procNetstat,
+		source:        source,
+		log:           log,
+		netstatPath:   procNetstat,
+		conntrackPath: procConntrackStat,
 		pool: []poolMetric{
 			gauge("cl_active", "Clients linked to a server connection.",
 				func(s *pooler.PoolStats) float64 { return float64(s.ClientsActive) }),
@@ -192,6 +196,18 @@ func NewCollector(namespace string, source Source, log *zap.Logger) *Collector {
 			"Connection attempts dropped by listening sockets, overflows included (TcpExt ListenDrops). "+
 				"Counted for the whole network namespace, every process's listening sockets, not pgtender's alone.",
 			nil, nil),
+		conntrackDrops: prometheus.NewDesc(namespace+"conntrack_drops_total",
+			"Packets the kernel's connection tracking dropped because it could not track them, mostly a full table (nf_conntrack_max): "+
+				"the drop column of /proc/net/stat/nf_conntrack, summed over CPUs. For the whole network namespace; absent where the kernel does not track connections.",
+			nil, nil),
+		conntrackEarlyDrops: prometheus.NewDesc(namespace+"conntrack_early_drops_total",
+			"Tracking entries of not yet established connections the kernel evicted to make room in a full conntrack table: "+
+				"the early_drop column of /proc/net/stat/nf_conntrack, summed over CPUs. For the whole network namespace; absent where the kernel does not track connections.",
+			nil, nil),
+		conntrackInsertFailed: prometheus.NewDesc(namespace+"conntrack_insert_failed_total",
+			"Packets the kernel dropped because their new conntrack entry clashed with one inserted at the same moment (a race, or a NAT port clash): "+
+				"the insert_failed column of /proc/net/stat/nf_conntrack, summed over CPUs. For the whole network namespace; absent where the kernel does not track connections.",
+			nil, nil),
 	}
 	return c
 }
@@ -216,6 +232,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.queueCapacity
 	ch <- c.overflows
 	ch <- c.drops
+	ch <- c.conntrackDrops
+	ch <- c.conntrackEarlyDrops
+	ch <- c.conntrackInsertFailed
 }
 
 // Collect implements prometheus.Collector.
@@ -233,6 +252,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.collectServers(ch)
 	c.collectListenQueues(ch)
 	c.collectNetstat(ch)
+	c.collectConntrack(ch)
 }
 
 func (c *Collector) collectVerifications(ch chan<- prometheus.Metric) {

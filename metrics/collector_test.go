@@ -325,11 +325,13 @@ func TestCollectorUnreadableKernelFigures(t *testing.T) {
 	}
 	collector := NewCollector("", source, zap.New(core))
 	collector.netstatPath = t.TempDir() + "/netstat"
+	collector.conntrackPath = t.TempDir() + "/nf_conntrack"
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collector)
 	for range 3 {
 		families := scrapeFamilies(t, registry)
-		for _, name := range []string{"listen_queue_length", "listen_queue_capacity", "listen_overflows_total", "listen_drops_total"} {
+		for _, name := range []string{"listen_queue_length", "listen_queue_capacity", "listen_overflows_total", "listen_drops_total",
+			"conntrack_drops_total", "conntrack_early_drops_total", "conntrack_insert_failed_total"} {
 			if families[name] != nil {
 				t.Errorf("%s is in the scrape although the kernel did not give it", name)
 			}
