@@ -214,8 +214,14 @@ func TestLoadExamples(t *testing.T) {
 		t.Fatalf("the example files do not load:\n%v", err)
 	}
 	g := c.General
-	if g.Host != "0.0.0.0" || g.Port != 6432 || g.PassthroughAuth != PassthroughEnabledPlain || g.AuthType != AuthSCRAM {
+	if g.Host != "127.0.0.1" || g.Port != 6432 || g.PassthroughAuth != PassthroughEnabledPlain || g.AuthType != AuthSCRAM {
 		t.Errorf("general = %+v", g)
+	}
+	// The example ships a public password, so it listens on loopback only, and
+	// names metrics as deploy/grafana and deploy/prometheus expect.
+	if g.OpenMetricsHost != "127.0.0.1" || g.OpenMetricsPort != 9930 || g.OpenMetricsNamespace != "pgtender_" {
+		t.Errorf("openmetrics host, port, namespace = %q, %d, %q; want 127.0.0.1, 9930, pgtender_",
+			g.OpenMetricsHost, g.OpenMetricsPort, g.OpenMetricsNamespace)
 	}
 	if c.Admin.Password != "admin" {
 		t.Errorf("admin password = %q, want admin", c.Admin.Password)

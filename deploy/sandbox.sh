@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Local sandbox: a throwaway PostgreSQL on 127.0.0.1:5432 with role and database
-# "pgtender" (password "pgtender"), and pgtender in front of it on :6432.
+# "pgtender" (password "pgtender"), and pgtender in front of it on 127.0.0.1:6432
+# with its metrics on http://127.0.0.1:9930/metrics (pgdog.toml.example).
+#
+# Everything listens on loopback only, since the passwords are public. To
+# reach pgtender from other machines, copy pgdog.toml.example and users.toml.example,
+# set host = "0.0.0.0" (and openmetrics_host = "0.0.0.0" for the metrics) and
+# passwords of your own, and run bin/pgtender --config ... --users ... on them.
 #
 #   deploy/sandbox.sh          create the cluster once (reused afterwards), start it,
 #                              build pgtender and run it in the foreground;
@@ -18,12 +24,23 @@ set -euo pipefail
 
 readonly PG_HOST=127.0.0.1 PG_PORT=5432
 readonly APP_ROLE=pgtender APP_PASSWORD=pgtender APP_DB=pgtender
-readonly POOLER_URL="postgres://pgtender:pgtender@127.0.0.1:6432/pgtender"
+readonly EXAMPLE=pgdog.toml.example
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 say() { printf 'sandbox: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
+
+# example_value prints the value of a [general] key written (not commented
+# out) in pgdog.toml.example, without quotes, or $2 when it is not written.
+example_value() {
+  local v
+  v=$(sed -n -E '/^\[general\]/,/^\[/{s/^'"$1"'[[:space:]]*=[[:space:]]*"?([^"#]*[^"#[:space:]])"?.*/\1/p;}' "$repo/$EXAMPLE" | head -n 1)
+  echo "${v:-$2}"
+}
+
+# loopback says whether an address is a loopback one.
+loopback() { [[ $1 == 127.* || $1 == ::1 || $1 == localhost ]]; }
 
 # bindir finds initdb, pg_ctl and postgres the way internal/testpg.BinDir does.
 bindir() {
@@ -205,8 +222,26 @@ cmd_run() {
     [[ -f $repo/$f ]] || die "$repo/$f is missing"
   done
 
+  local host port mhost mport
+  host=$(example_value host 0.0.0.0) port=$(example_value port 6432)
+  mhost=$(example_value openmetrics_host 0.0.0.0) mport=$(example_value openmetrics_port 0)
   say "connect through the pooler with:"
-  printf '\n    psql "%s"\n\n' "$POOLER_URL" >&2
+  printf '\n    psql "postgres://%s:%s@127.0.0.1:%s/%s"\n\n' "$APP_ROLE" "$APP_PASSWORD" "$port" "$APP_DB" >&2
+  if [[ $mport != 0 ]]; then
+    say "metrics: curl -s http://127.0.0.1:$mport/metrics"
+  fi
+  local where="$host:$port" hport
+  [[ $mport == 0 ]] || where+=" and $mhost:$mport (metrics)"
+  hport=$(example_value healthcheck_port 0)
+  if [[ $hport != 0 && $hport != "$mport" ]]; then
+    say "healthcheck_port $hport listens on every address (it has no host setting); it serves no metrics and no logins"
+  fi
+  if loopback "$host" && { [[ $mport == 0 ]] || loopback "$mhost"; }; then
+    say "pgtender listens on $where only (loopback: the passwords are public)"
+    say "to listen wider, set host = \"0.0.0.0\" and openmetrics_host = \"0.0.0.0\" in a copy of $EXAMPLE, with passwords of your own"
+  else
+    say "WARNING: $EXAMPLE makes pgtender listen beyond loopback ($where) with the sandbox's public password"
+  fi
   # Own session, so a terminal Ctrl-C reaches only this script, which forwards it once.
   cd "$repo"
   setsid bin/pgtender --config pgdog.toml.example --users users.toml.example &
