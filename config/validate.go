@@ -35,6 +35,12 @@ func (l *loader) validate(c *Config) {
 func (l *loader) validateGeneral(g *General) {
 	src := l.main
 	l.between(src, "general.port", g.Port, 1, 65535)
+	if strings.ContainsAny(g.Host, "*, \t") {
+		// PgBouncer's listen_addr takes "*" and comma-separated lists;
+		// pgtender listens on one address (a name would only fail later,
+		// at start, in the resolver).
+		l.problem(src, "general.host", "%q is not one address: use \"0.0.0.0\" (every IPv4 address), \"::\" (every address, IPv4 too where the system maps it) or one address or host name", g.Host)
+	}
 	l.atLeast(src, "general.workers", g.Workers, 1)
 	l.atLeast(src, "general.listen_backlog", g.ListenBacklog, 1)
 	poolOK := l.atLeast(src, l.defaultPoolPath, g.DefaultPoolSize, 1)
