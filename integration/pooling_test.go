@@ -406,3 +406,51 @@ func TestClientGoneMidQueryReusesServer(t *testing.T) {
 		t.Errorf("backend %d state %q after the next client's query, want idle", pid, state)
 	}
 }
+
+// TestClientThatSetsAndLeavesKeepsTheServerConnection: Django opens every
+// connection with SET TIME ZONE and, with CONN_MAX_AGE = 0, closes it at
+// the end of the request, often before pgtender has finished probing what
+// the SET left on the server connection. The connection must go back to
+// the pool (one backend for every client here), and the next client must
+// not see the departed one's setting.
+func TestClientThatSetsAndLeavesKeepsTheServerConnection(t *testing.T) {
+	tp := startPooler(t, poolerOptions{general: `passthrough_auth = "enabled_plain"`, pool: "pool_size = 1"})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	first := tp.connect(t, ctx)
+	pid := backendPID(t, ctx, first)
+	var zone string
+	if err := first.QueryRow(ctx, "SELECT current_setting('TimeZone')").Scan(&zone); err != nil {
+		t.Fatal(err)
+	}
+	first.Close(ctx)
+	setZone := "Pacific/Chatham"
+	if zone == setZone {
+		setZone = "Asia/Kolkata"
+	}
+	const clients = 30
+	for i := range clients {
+		conn := tp.connect(t, ctx)
+		// The simple protocol, as psycopg2 sends it; Close sends
+		// Terminate at once after the reply.
+		if _, err := conn.PgConn().Exec(ctx, "SET TIME ZONE '"+setZone+"'").ReadAll(); err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+		conn.Close(ctx)
+	}
+	next := tp.connect(t, ctx)
+	defer next.Close(ctx)
+	if got := backendPID(t, ctx, next); got != pid {
+		t.Errorf("after %d clients that set a time zone and left, the pool's backend is %d, want %d: connections were closed and replaced", clients, got, pid)
+	}
+	var got string
+	if err := next.QueryRow(ctx, "SELECT current_setting('TimeZone')").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != zone {
+		t.Errorf("a new client sees TimeZone %q, want the server's default %q", got, zone)
+	}
+	if n := appPoolStats(t, tp).ServerConnections; n != 1 {
+		t.Errorf("%d server connections opened for %d clients, want 1", n, clients+2)
+	}
+}

@@ -1216,16 +1216,16 @@ func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 	}
 	if s.probeDueLocked() {
 		release, err := s.probeAtRest(sc)
+		if s.closingLocked() {
+			// The client left during the probe, which was let finish
+			// (wakeReaderLocked): a client that sends SET and closes, as
+			// Django does at every connection, would otherwise cost its
+			// server connection and the next client a connect. What the
+			// probe found clean goes back to the pool; finish would only
+			// probe it again.
+			return s.releaseAfterProbeLocked(sc, release && err == nil && !s.killed.Load())
+		}
 		if err != nil {
-			if s.closingLocked() {
-				// The client left during the probe (finish woke the read):
-				// the connection is mid-reply, and nobody needs the result.
-				s.unpinLocked(sc)
-				s.server = nil
-				s.mu.Unlock()
-				sc.pool.Discard(sc)
-				return true
-			}
 			// The client's settings are now unknown: its session cannot
 			// go on as if they were kept.
 			s.mu.Unlock()
@@ -1241,6 +1241,23 @@ func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 	return true
 }
 
+// releaseAfterProbeLocked ends the link of a session whose client left
+// during the probe at its release point: sc goes back to the pool when
+// clean (the probe succeeded and found nothing that pins it), and is closed
+// otherwise. It always returns true: readServer stops. s.mu must be held;
+// it is released.
+func (s *session) releaseAfterProbeLocked(sc *ServerConn, clean bool) bool {
+	if !clean {
+		s.unpinLocked(sc)
+		s.server = nil
+		s.mu.Unlock()
+		sc.pool.Discard(sc)
+		return true
+	}
+	s.releaseLocked(sc)
+	return true
+}
+
 // wakeReaderLocked makes readServer, which may be blocked reading sc, look
 // at the session again now: when the session is closing it hands sc over
 // (to finish), else it checks the release point. It is the one way
@@ -1248,13 +1265,14 @@ func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 // readServer clears. s.mu must be held and sc must be s.server.
 //
 // During a probe (probeAtRest) readServer is at the release point already
-// and the probe is reading sc: a deadline now would cut the probe short
-// and lose the client's session, so only a session that is ending
-// interrupts it. Any other wake-up is only noted, and probeAtRest gives it
-// again once the probe is done.
+// and the probe is reading sc: a deadline now would cut the probe short,
+// losing the client's session, or, when the session is ending, a server
+// connection that the probe, bounded by rollback_timeout, is about to
+// find clean. So a wake-up is only noted, and probeAtRest gives it again
+// once the probe is done.
 func (s *session) wakeReaderLocked(sc *ServerConn) {
 	s.woken = true
-	if s.probing && !s.closingLocked() {
+	if s.probing {
 		return
 	}
 	_ = sc.conn.SetReadDeadline(time.Now())
