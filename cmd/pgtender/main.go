@@ -2,9 +2,12 @@
 //
 //	pgtender --config pgdog.toml --users users.toml
 //	pgtender --check-config --config pgdog.toml --users users.toml
+//	pgtender --version
+//	pgtender --healthcheck http://127.0.0.1:9930/healthz
 //
 // SIGHUP reloads both files; SIGTERM and SIGINT drain (a second signal
-// exits at once).
+// exits at once). Under systemd (Type=notify, $NOTIFY_SOCKET) it reports
+// READY=1, RELOADING=1 and STOPPING=1 (internal/sdnotify).
 package main
 
 import (
@@ -22,12 +25,10 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/pgtender/pgtender/config"
+	"github.com/pgtender/pgtender/internal/sdnotify"
 	"github.com/pgtender/pgtender/metrics"
 	"github.com/pgtender/pgtender/pooler"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	os.Exit(run(os.Args[1:]))
@@ -38,13 +39,18 @@ func run(args []string) int {
 	configPath := flags.String("config", "pgdog.toml", "path to pgdog.toml")
 	usersPath := flags.String("users", "users.toml", "path to users.toml (optional)")
 	checkConfig := flags.Bool("check-config", false, "validate the configuration files, print every problem and exit")
-	showVersion := flags.Bool("version", false, "print the version and exit")
+	showVersion := flags.Bool("version", false, "print the version, the commit and the Go version, and exit")
+	healthURL := flags.String("healthcheck", "", "GET this URL (pgtender's /healthz or /readyz), exit 0 on a 2xx answer and 1 otherwise; for a container HEALTHCHECK")
 	if err := flags.Parse(args); err != nil {
 		return 2
 	}
+	build := readBuildVersion()
 	if *showVersion {
-		fmt.Println("pgtender", version)
+		fmt.Println(build)
 		return 0
+	}
+	if *healthURL != "" {
+		return healthcheck(*healthURL, os.Stdout, os.Stderr)
 	}
 	if _, err := os.Stat(*usersPath); err != nil && !isFlagSet(flags, "users") {
 		*usersPath = "" // the default users.toml is optional
@@ -84,12 +90,15 @@ func run(args []string) int {
 		log.Error("cannot start", zap.Error(err))
 		return 1
 	}
+	// Without $NOTIFY_SOCKET (not under systemd's Type=notify) it sends
+	// nothing.
+	notifier := sdnotify.New(os.Getenv("NOTIFY_SOCKET"), log)
 	// SHUTDOWN on the console is a SIGTERM that comes from inside; true
 	// is SHUTDOWN WAIT_FOR_CLIENTS.
 	consoleShutdown := make(chan bool, 1)
 	p.SetConsoleHooks(pooler.ConsoleHooks{
-		Version: version,
-		Reload:  func() error { return reload(p, log, *configPath, *usersPath) },
+		Version: build.Version,
+		Reload:  func() error { return reload(p, log, notifier, *configPath, *usersPath) },
 		Shutdown: func(waitForClients bool) {
 			select {
 			case consoleShutdown <- waitForClients:
@@ -122,13 +131,18 @@ func run(args []string) int {
 		_ = p.Shutdown(context.Background()) // closes the listening sockets; nothing was served
 		return 1
 	}
-	log.Info("pgtender started", zap.String("version", version), zap.String("pooler_mode", string(cfg.General.PoolerMode)),
-		zap.String("passthrough_auth", string(cfg.General.PassthroughAuth)))
+	log.Info("pgtender started", zap.String("version", build.Version), zap.String("commit", build.Commit), zap.String("go", build.Go),
+		zap.String("pooler_mode", string(cfg.General.PoolerMode)), zap.String("passthrough_auth", string(cfg.General.PassthroughAuth)),
+		zap.Bool("systemd_notify", notifier.Enabled()))
 
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- p.Serve() }()
+	// The sockets listen since p.Listen: a client connecting from now on
+	// waits in the accept queue until the accept loops Serve starts take
+	// it, so units ordered after pgtender may start.
+	notifier.Ready()
 
-	reloadFiles := func() { _ = reload(p, log, *configPath, *usersPath) }
+	reloadFiles := func() { _ = reload(p, log, notifier, *configPath, *usersPath) }
 	for {
 		select {
 		case err := <-serveDone:
@@ -143,8 +157,12 @@ func run(args []string) int {
 				reloadFiles()
 				continue
 			}
+			notifier.Stopping()
 			return drain(p, endpoints, log, sig, signals, reloadFiles)
 		case waitForClients := <-consoleShutdown:
+			// Either way pgtender stops: systemd hears it now, not when
+			// the last client leaves.
+			notifier.Stopping()
 			if waitForClients {
 				log.Info("shutting down: SHUTDOWN WAIT_FOR_CLIENTS on the admin console; not accepting, exiting when the clients have left",
 					zap.Int64("clients", p.ClientCount()))
@@ -197,10 +215,14 @@ var reloadMu sync.Mutex
 
 // reload re-reads both files; a broken file leaves the running config as
 // it is, and the error says why (logged here; the console's RELOAD shows
-// it to its caller too).
-func reload(p *pooler.Pooler, log *zap.Logger, configPath, usersPath string) error {
+// it to its caller too). systemd hears RELOADING=1 before and READY=1
+// after, whatever the outcome: pgtender serves on either way (nothing is
+// sent once the drain has begun).
+func reload(p *pooler.Pooler, log *zap.Logger, notifier *sdnotify.Notifier, configPath, usersPath string) error {
 	reloadMu.Lock()
 	defer reloadMu.Unlock()
+	notifier.Reloading()
+	defer notifier.Ready()
 	cfg, err := config.Load(configPath, usersPath)
 	if err == nil {
 		err = p.Reload(cfg)
