@@ -345,6 +345,31 @@ func TestCancelDuringProbeKeepsTheSession(t *testing.T) {
 		}
 		probedAndReleased(t, h, a, s)
 	})
+	t.Run("client leaves with its cancel on the way", func(t *testing.T) {
+		// A driver whose context ends sends a CancelRequest and closes.
+		// The probe then finishes (the connection is clean), but the
+		// connection waits for the cancel before it goes back to the pool.
+		h, a, _ := probeStarted(t)
+		h.fake.holdCancelRequests()
+		canceled := goClient(t, a, func() error { return cancelClient(t, a) })
+		waitFor(t, "the cancel to reach the server", func() bool { return h.fake.cancelArrivalCount() == 1 })
+		a.Close(context.Background())
+		time.Sleep(50 * time.Millisecond) // for the pooler to read the close
+		h.fake.openGate("probe")
+		// Give a wrong release the time to happen.
+		time.Sleep(100 * time.Millisecond)
+		if idle := h.stat().Idle; idle != 0 {
+			t.Fatalf("%d idle server connections while the departed client's cancel is on its way, want none", idle)
+		}
+		h.fake.openGate("cancels")
+		if err := recvWithin(t, canceled, "the CancelRequest"); err != nil {
+			t.Fatalf("CancelRequest: %v", err)
+		}
+		waitFor(t, "the probed connection back in the pool", func() bool { return h.stat().Idle == 1 })
+		if n := len(h.fake.connList()); n != 1 {
+			t.Errorf("%d server connections made, want the probed one kept", n)
+		}
+	})
 }
 
 // BenchmarkRegisterSession measures what a login pays for its

@@ -1254,6 +1254,17 @@ func (s *session) releaseAfterProbeLocked(sc *ServerConn, clean bool) bool {
 		sc.pool.Discard(sc)
 		return true
 	}
+	// A cancel of this client's may still be on its way to the backend
+	// (a driver cancels, then closes); released now, it could land on the
+	// next client's query. returnServer waits so too.
+	for s.cancelsInFlight > 0 {
+		s.cond.Wait()
+	}
+	// Shutdown's forceClose may have set a write deadline, and the probe's
+	// end a read deadline (the wake-up it gave again): none may go to the
+	// pool with the connection.
+	_ = sc.conn.SetDeadline(time.Time{})
+	s.woken = false
 	s.releaseLocked(sc)
 	return true
 }
