@@ -344,7 +344,7 @@ func TestConsoleSessionRules(t *testing.T) {
 		}
 	})
 	t.Run("not supported yet", func(t *testing.T) {
-		for _, query := range []string{"KILL appdb", "SUSPEND", "WAIT_CLOSE", "SET default_pool_size = 5", "set server_lifetime='100'"} {
+		for _, query := range []string{"KILL appdb", "SUSPEND", "WAIT_CLOSE", "SET default_pool_size = 5", "set\tserver_lifetime='100'"} {
 			_, err := conn.PgConn().Exec(ctx, query).ReadAll()
 			if sqlState(err) != "0A000" {
 				t.Errorf("%q: %v, want 0A000", query, err)

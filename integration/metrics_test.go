@@ -291,20 +291,7 @@ func TestListenOverflowIncident(t *testing.T) {
 	}()
 	// The wave: every client connects, sends its StartupMessage and waits
 	// for an answer for at most 1.5 s, like a libpq connect_timeout.
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	outcomes := map[string]int{}
-	for i := 0; i < clients; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			outcome := waveClient(pr.addr, 1500*time.Millisecond)
-			mu.Lock()
-			outcomes[outcome]++
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
+	outcomes := wave(pr.addr, clients, 1500*time.Millisecond)
 	pr.cmd.Process.Signal(syscall.SIGCONT)
 	stopped = false
 	t.Logf("client outcomes while the accept loop was held: %v", outcomes)
@@ -338,6 +325,24 @@ func TestListenOverflowIncident(t *testing.T) {
 		t.Errorf("listen_overflows_total did not rise although %d clients hit a backlog of 8", clients)
 	}
 
+}
+
+// wave runs clients waveClients at once against addr, each giving up after
+// deadline, and counts what they saw.
+func wave(addr string, clients int, deadline time.Duration) map[string]int {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	for range clients {
+		wg.Go(func() {
+			outcome := waveClient(addr, deadline)
+			mu.Lock()
+			outcomes[outcome]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return outcomes
 }
 
 // waveClient is one client of the incident wave; it returns what it saw.

@@ -17,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -149,20 +148,7 @@ scrape_configs:
 		}
 	}()
 	frozenAt := time.Now()
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	outcomes := map[string]int{}
-	for range waveClients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			outcome := waveClient(pr.addr, 1500*time.Millisecond)
-			mu.Lock()
-			outcomes[outcome]++
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
+	outcomes := wave(pr.addr, waveClients, 1500*time.Millisecond)
 	if err := pr.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}

@@ -240,24 +240,12 @@ func consoleError(dst []byte, code, message string) []byte {
 	return wire.AppendErrorResponse(dst, wire.SeverityError, code, message)
 }
 
-// isConsoleSet reports whether a console query begins with the word SET.
-func isConsoleSet(query string) bool {
-	word, rest, _ := strings.Cut(strings.TrimSpace(query), " ")
-	return strings.EqualFold(word, "SET") && rest != ""
-}
-
 // runConsoleQuery runs one console query and appends its reply, without
 // ReadyForQuery.
 func (s *session) runConsoleQuery(query string, dst []byte) []byte {
 	cmd, err := admin.ParseCommand(query)
 	if err != nil {
-		if isConsoleSet(query) {
-			// PgBouncer's SET key = value (admin.c, cmd_set_*_rx), whose
-			// shape ParseCommand does not take: not a syntax error.
-			cmd, err = admin.Command{Verb: "SET"}, nil
-		} else {
-			return consoleError(dst, sqlstateSyntaxError, err.Error())
-		}
+		return consoleError(dst, sqlstateSyntaxError, err.Error())
 	}
 	p := s.pooler
 	switch cmd.Verb {

@@ -1219,7 +1219,8 @@ func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 		if s.closingLocked() {
 			// The client left during the probe, which was let finish
 			// (wakeReaderLocked): a client that sends SET and closes, as
-			// Django does at every connection, would otherwise cost its
+			// Django does at each connection whose server reports another
+			// time zone than its own, would otherwise cost its
 			// server connection and the next client a connect. What the
 			// probe found clean goes back to the pool; finish would only
 			// probe it again.
@@ -1232,7 +1233,7 @@ func (s *session) releaseIfAtRestLocked(sc *ServerConn) bool {
 			s.dropServer(sc, err)
 			return true
 		}
-		if !release || s.closingLocked() || s.server != sc || !s.releasableLocked(sc) {
+		if !release || s.server != sc || !s.releasableLocked(sc) {
 			// Pinned, or the client sent more meanwhile.
 			return false
 		}

@@ -47,6 +47,12 @@ func ParseCommand(query string) (Command, error) {
 	if rest == "" {
 		return cmd, nil
 	}
+	if cmd.Verb == "SET" && isSpace(rest[0]) {
+		// PgBouncer's SET key = value (admin.c, cmd_set_word_rx and
+		// cmd_set_str_rx): Arg is the rest as written.
+		cmd.Arg = strings.TrimSpace(rest)
+		return cmd, nil
+	}
 	if !isSpace(rest[0]) {
 		return Command{}, &SyntaxError{Query: query}
 	}

@@ -20,6 +20,8 @@ func TestParseCommand(t *testing.T) {
 		{`PAUSE "My""Db"`, Command{"PAUSE", `My"Db`}},
 		{"pause MyDb", Command{"PAUSE", "MyDb"}},
 		{"SELECT version", Command{"SELECT", "version"}},
+		{"SET default_pool_size = 5", Command{"SET", "default_pool_size = 5"}},
+		{"set\tserver_lifetime='100' ;", Command{"SET", "server_lifetime='100'"}},
 	} {
 		got, err := ParseCommand(tc.query)
 		if err != nil || got != tc.want {
