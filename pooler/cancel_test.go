@@ -177,7 +177,7 @@ func TestCancelWithUnknownKeyCancelsNothing(t *testing.T) {
 // instead. The test holds the session's write lock so that readServer,
 // with the last reply in hand, keeps the connection linked meanwhile.
 func TestCancelForClosingSessionIsNotForwarded(t *testing.T) {
-	h := newHarness(t, nil)
+	h := newHarnessReaderGoroutines(t, nil)
 	conn, _ := h.rawConnect()
 	writeRaw(t, conn, encodeMsgs(t, &pgproto3.Query{String: "GATE slow"}))
 	var server *fakeConn

@@ -402,6 +402,11 @@ func (s *session) kill() {
 		return
 	}
 	s.endLocked(stateShuttingDown)
+	if sc := s.server; sc != nil && s.readBudget {
+		// The serve goroutine reads the reply (readServerInline): woken,
+		// it goes back to the client's socket, which the close ends.
+		s.wakeReaderLocked(sc)
+	}
 	s.mu.Unlock()
 	s.killed.Store(true)
 	notice := wire.AppendErrorResponse(nil, wire.SeverityFatal, sqlstateAdminShutdown, "terminated by an administrator (KILL_CLIENT)")

@@ -126,6 +126,15 @@ func newHarnessLogger(t testing.TB, mutate func(*config.Config), recorder LoginR
 	return newHarnessSetup(t, mutate, recorder, log, nil)
 }
 
+// newHarnessReaderGoroutines is newHarness with every reply relayed by a
+// reader goroutine of its own, none on the serve goroutine
+// (readServerInline): for tests of what the serve goroutine does while a
+// reader holds a reply, which a reply read inline leaves no room for.
+func newHarnessReaderGoroutines(t testing.TB, mutate func(*config.Config)) *harness {
+	t.Helper()
+	return newHarnessSetup(t, mutate, nil, zaptest.NewLogger(t, zaptest.Level(zapcore.InfoLevel)), func(p *Pooler) { p.inlineReadBudget = -1 })
+}
+
 // newHarnessSetup is newHarnessLogger with setup, when not nil, called on
 // the pooler before it serves (for the unexported knobs tests turn).
 func newHarnessSetup(t testing.TB, mutate func(*config.Config), recorder LoginRecorder, log *zap.Logger, setup func(*Pooler)) *harness {

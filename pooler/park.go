@@ -42,10 +42,13 @@ const parkSweepInterval = time.Second
 
 // The parker returns freed memory to the operating system once the parked
 // sessions grew by parkReleaseAfter, at most every parkReleaseInterval
-// (releaseMemoryIfParkedMany).
+// unless they grew by a quarter since the last release
+// (releaseMemoryIfParkedMany); it looks parkReleaseDelay after a sweep
+// asked sessions to park, by when they have.
 const (
 	parkReleaseAfter    = 1024
 	parkReleaseInterval = 10 * time.Second
+	parkReleaseDelay    = 100 * time.Millisecond
 )
 
 // parkTuning is the parker's timing; a zero field takes its default.
@@ -93,12 +96,15 @@ type parker struct {
 	releases atomic.Uint64
 	// sessions is the sweep's scratch, owned by run.
 	sessions []*session
-	// Owned by run: the fewest sessions parked at a sweep since the last
-	// memory release, and when that release began
-	// (releaseMemoryIfParkedMany). releasing: one is under way.
-	parkedLow   int64
-	lastRelease time.Time
-	releasing   atomic.Bool
+	// Owned by run: the fewest sessions parked at a look since the last
+	// memory release, how many were parked then and when it began
+	// (releaseMemoryIfParkedMany), and when to look next (zero: after the
+	// next sweep that asks sessions to park). releasing: one is under way.
+	parkedLow       int64
+	parkedAtRelease int64
+	lastRelease     time.Time
+	releaseLook     time.Time
+	releasing       atomic.Bool
 }
 
 func newParker(p *Pooler, tuning parkTuning) (*parker, error) {
@@ -132,7 +138,11 @@ func (pk *parker) run() {
 	events := make([]unix.EpollEvent, 128)
 	lastSweep := time.Now()
 	for {
-		_ = pk.file.SetReadDeadline(lastSweep.Add(pk.tuning.sweep))
+		wake := lastSweep.Add(pk.tuning.sweep)
+		if !pk.releaseLook.IsZero() && pk.releaseLook.Before(wake) {
+			wake = pk.releaseLook
+		}
+		_ = pk.file.SetReadDeadline(wake)
 		if pk.stopped() { // after the deadline is set: stop's may have come before it and been undone
 			pk.close()
 			return // Shutdown ends the parked sessions (closeSocket)
@@ -163,10 +173,16 @@ func (pk *parker) run() {
 			pk.resumeAll()
 			return
 		}
-		if time.Since(lastSweep) >= pk.tuning.sweep {
-			lastSweep = time.Now()
-			pk.releaseMemoryIfParkedMany(lastSweep)
-			pk.sweepIdleSessions()
+		now := time.Now()
+		if !pk.releaseLook.IsZero() && !now.Before(pk.releaseLook) {
+			pk.releaseLook = time.Time{}
+			pk.releaseMemoryIfParkedMany(now)
+		}
+		if now.Sub(lastSweep) >= pk.tuning.sweep {
+			lastSweep = now
+			if pk.sweepIdleSessions() > 0 {
+				pk.releaseLook = now.Add(parkReleaseDelay)
+			}
 		}
 	}
 }
@@ -253,11 +269,12 @@ func (p *Pooler) sessionByID(id uint32) *session {
 // sweepIdleSessions asks every session that has waited for its client
 // since the previous sweep, with no server connection linked, to park: a
 // read deadline in the past wakes its read, and the relay loop parks it
-// (parkIfAsked).
-func (pk *parker) sweepIdleSessions() {
+// (parkIfAsked). It returns how many it asked.
+func (pk *parker) sweepIdleSessions() int {
 	if pk.p.draining.Load() {
-		return
+		return 0
 	}
+	asked := 0
 	pk.sessions = pk.p.appendSessions(pk.sessions[:0])
 	defer clear(pk.sessions) // no session is kept alive by the sweep
 	for _, s := range pk.sessions {
@@ -271,9 +288,11 @@ func (pk *parker) sweepIdleSessions() {
 		if s.stateLocked() == stateIdle && s.server == nil {
 			s.parkAsked.Store(true)
 			_ = s.tcp.SetReadDeadline(time.Unix(1, 0))
+			asked++
 		}
 		s.mu.Unlock()
 	}
+	return asked
 }
 
 // parkIfAsked is called by the relay loop when a read of the client ran
@@ -351,20 +370,28 @@ func (p *Pooler) ClientParking() ClientParking {
 // process's RSS until a collection with far fewer goroutines lowered that
 // goal and the background scavenger caught up, which an idle pooler may
 // never reach. A forced collection and scavenge costs CPU in proportion to
-// the live heap: it is done at most every releaseInterval, on a goroutine
-// of its own (run goes on resuming sessions meanwhile), and clients that
-// go idle and busy again over and over do not cause it, since they do not
-// make the parked sessions grow.
+// the live heap: it is done on a goroutine of its own (run goes on
+// resuming sessions meanwhile), at most every releaseInterval, or sooner
+// while a wave of logins that stay connected parks a quarter more than
+// were parked at the last release: a wave parks over two or three sweeps,
+// and the stacks of those parked after its first release would otherwise
+// stay for an interval. So a wave's releases grow geometrically and cost
+// a few times its last. Clients that go idle and busy again over and over
+// do not cause one, since they do not make the parked sessions grow.
 func (pk *parker) releaseMemoryIfParkedMany(now time.Time) {
 	parked := pk.parked.Load()
 	pk.parkedLow = min(pk.parkedLow, parked)
-	if parked-pk.parkedLow < pk.tuning.releaseAfter || now.Sub(pk.lastRelease) < pk.tuning.releaseInterval {
+	grown := parked - pk.parkedLow
+	if grown < pk.tuning.releaseAfter {
+		return
+	}
+	if now.Sub(pk.lastRelease) < pk.tuning.releaseInterval && 4*grown < pk.parkedAtRelease {
 		return
 	}
 	if !pk.releasing.CompareAndSwap(false, true) {
 		return
 	}
-	pk.parkedLow, pk.lastRelease = parked, now
+	pk.parkedLow, pk.parkedAtRelease, pk.lastRelease = parked, parked, now
 	pk.p.wg.Add(1)
 	go func() {
 		defer pk.p.wg.Done()

@@ -96,6 +96,10 @@ type Pooler struct {
 	// parkTuning is the parker's, for tests; zero fields take the
 	// defaults (park.go). Read by Serve.
 	parkTuning parkTuning
+	// inlineReadBudget is readServerInline's budget, for tests: zero takes
+	// the default (relay.go), and a negative one relays every reply on a
+	// reader goroutine. Set before Serve.
+	inlineReadBudget time.Duration
 
 	clientCount      atomic.Int64
 	draining         atomic.Bool

@@ -152,7 +152,7 @@ func (c *deadlineHookConn) SetDeadline(t time.Time) error {
 // let go. The hook on the server connection holds the probe at that moment
 // until finish has woken readServer.
 func TestWakeUpDuringProbeIsGivenAgain(t *testing.T) {
-	h := newHarness(t, nil)
+	h := newHarnessReaderGoroutines(t, nil)
 	conn, fe := h.rawConnect()
 	writeRaw(t, conn, encodeMsgs(t, &pgproto3.Query{String: "WHOAMI"}))
 	readUntilReady(t, conn, fe)

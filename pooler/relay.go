@@ -557,6 +557,7 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 		s.mu.Unlock()
 		return fatalError(sqlstateConnectionFailure, "server connection lost", nil)
 	}
+	linked := false // sc is linked by this call, and no reader runs yet
 	if s.server == nil {
 		if !summary.needServer {
 			s.mu.Unlock()
@@ -594,6 +595,15 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 			return fatalError(sqlstateAdminShutdown, "pgtender is shutting down", nil)
 		}
 		s.linkServer(sc)
+		linked = true
+		if len(chunk) > inlineChunkMax {
+			// The server may answer the first requests of a long chunk
+			// before it has read the rest, and stop reading while its
+			// output waits to be read: the reader must run during the
+			// write.
+			s.startReaderLocked(sc)
+			linked = false
+		}
 	}
 	sc := s.server
 	// Told before the bytes are written, so that no reply can arrive for
@@ -626,6 +636,14 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 		s.link.clientMid = true
 	}
 	s.cond.Broadcast()
+	if linked {
+		if err == nil && s.readInlineLocked(sc) {
+			s.mu.Unlock()
+			s.readServerInline(sc)
+			return nil
+		}
+		s.startReaderLocked(sc)
+	}
 	if err == nil && s.server == sc && (s.mayReleaseLocked() || s.link.syntheticDue()) {
 		// What was just written may need no answer (a Flush, the end of a
 		// message body) and leave the link at its release point, while
@@ -781,16 +799,95 @@ func (s *session) watchClientWhileWaiting(ctx context.Context) (context.Context,
 // sending it and finds out when it answers.
 const clientWatchDelay = 2 * time.Millisecond
 
-// linkServer makes sc the session's server connection and starts the
-// goroutine that relays its output. s.mu must be held.
+// linkServer makes sc the session's server connection. Its output is
+// relayed by readServer: on a goroutine of its own (startReaderLocked) or,
+// for a request answered without more from the client, on the serve
+// goroutine (readServerInline). s.mu must be held.
 func (s *session) linkServer(sc *ServerConn) {
 	s.server = sc
 	s.link.reset()
 	s.setState(stateLinked)
+}
+
+// startReaderLocked starts the goroutine that relays sc's output. s.mu
+// must be held.
+func (s *session) startReaderLocked(sc *ServerConn) {
 	s.pooler.wg.Add(1)
 	s.readers.Add(1)
 	go s.readServer(sc)
 }
+
+// inlineChunkMax is the longest chunk of client bytes written to a freshly
+// linked server connection before its reader starts. A server that has
+// read everything sent before (as one at the release point has) takes a
+// chunk this short into its socket's receive buffer whatever it does, so
+// the write cannot wait for the server to be read.
+const inlineChunkMax = 4096
+
+// inlineReadBudget bounds a read of the server on the serve goroutine
+// (readServerInline). Meanwhile the client's socket is not read: a client
+// that leaves, or an operator's KILL_CLIENT, is noticed up to this much
+// later, as a reply that takes longer is relayed by a reader of its own.
+const inlineReadBudget = 5 * time.Millisecond
+
+// readInlineLocked reports whether the serve goroutine may relay the reply
+// to what it just wrote to sc itself (readServerInline), and if so sets
+// the read's budget. That is the usual transaction-mode request: sc linked
+// for it, and the server owing replies that come without more from the
+// client (not a COPY from the client, a half-sent batch or message). The
+// serve goroutine would otherwise start a goroutine to read the reply,
+// and go back to waiting for a client that waits for that reply; relaying
+// it itself saves the goroutine, and a wake-up of another thread to run
+// it, at every transaction. The client is not read meanwhile, as
+// Postgres reads no more of a client's input while it answers a query.
+// s.mu must be held.
+func (s *session) readInlineLocked(sc *ServerConn) bool {
+	budget := s.pooler.inlineReadBudget
+	if budget == 0 {
+		budget = inlineReadBudget
+	}
+	if budget < 0 || s.mode != config.PoolerModeTransaction || s.closingLocked() || s.server != sc ||
+		s.link.owed() == nil || !s.link.finishable() || s.link.syntheticDue() || s.woken {
+		return false
+	}
+	_ = sc.conn.SetReadDeadline(time.Now().Add(budget))
+	s.readBudget = true
+	return true
+}
+
+// readServerInline relays sc's output on the serve goroutine, as readServer
+// does, until sc is released or discarded, or the session is closing
+// (finish takes sc over); or until the link waits for the client (in a
+// transaction, a COPY from the client), the budget runs out or anything
+// wakes the reader (wakeReaderLocked): then a reader goroutine takes over,
+// and the serve goroutine goes back to reading the client.
+func (s *session) readServerInline(sc *ServerConn) {
+	for {
+		switch s.readServerStep(sc, true) {
+		case readerDone:
+			return
+		case readerHandsOff:
+			s.mu.Lock()
+			if s.readBudget && !s.woken {
+				// A wake-up's deadline stays for the reader to see.
+				_ = sc.conn.SetReadDeadline(time.Time{})
+			}
+			s.readBudget = false
+			s.startReaderLocked(sc)
+			s.mu.Unlock()
+			return
+		}
+	}
+}
+
+// readerStep is what a step of readServer leaves to do.
+type readerStep int
+
+const (
+	readerReads    readerStep = iota // read sc again
+	readerDone                       // sc was released or discarded, or finish takes it over
+	readerHandsOff                   // inline only: a reader goroutine takes over
+)
 
 // answerWithoutServer replies to a chunk that no server connection will
 // see: Sync gets ReadyForQuery, and after a failed checkout (failure != nil)
@@ -851,93 +948,113 @@ func (s *session) answerWithoutServer(failure *clientError) error {
 func (s *session) readServer(sc *ServerConn) {
 	defer s.pooler.wg.Done()
 	defer s.readers.Done()
-	for {
-		n, readErr := sc.read(sc.buf[sc.carried:])
-		if n == 0 && readErr != nil {
-			s.mu.Lock()
-			if s.closingLocked() {
-				s.mu.Unlock()
-				return // finish takes sc over
-			}
-			if s.woken && isTimeout(readErr) {
-				s.woken = false
-				_ = sc.conn.SetReadDeadline(time.Time{})
-				if s.queryTimedOut {
-					s.endTimedOutQueryLocked(sc)
-					return // finish takes sc over
-				}
-				if s.link.syntheticDue() && s.writeSyntheticLocked(sc) {
-					return
-				}
-				if s.releaseIfAtRestLocked(sc) {
-					return
-				}
-				s.mu.Unlock()
-				continue
-			}
-			s.mu.Unlock()
-			s.dropServer(sc, readErr)
-			return
-		}
-		total := sc.carried + n
-		sc.carried = 0
-		s.mu.Lock()
-		forward, err := s.takeServerChunkLocked(sc, sc.buf[:total])
-		readies, idleReadies := s.link.takeReadies()
-		s.mu.Unlock()
-		if err != nil {
-			s.dropServer(sc, err)
-			return
-		}
-		var writeErr error
-		if len(forward) > 0 {
-			writeErr = s.write(forward)
-		}
-		if partial := sc.scanner.UnreportedLen(); partial > 0 {
-			// Held back until the header is whole, so that a reply to be
-			// swallowed is never half forwarded; scanned again next time.
-			sc.carried = copy(sc.buf, sc.buf[total-partial:total])
-			sc.scanner.DropUnreported()
-		}
-		sc.pool.stats.stripe(s.processID).bytesSent.Add(uint64(len(forward)))
-		if readies > 0 {
-			s.countReadies(sc, readies, idleReadies)
-		}
+	for s.readServerStep(sc, false) == readerReads {
+	}
+}
 
+// readServerStep is one read of sc and what follows it, for readServer
+// or, with inline set, readServerInline.
+func (s *session) readServerStep(sc *ServerConn, inline bool) readerStep {
+	n, readErr := sc.read(sc.buf[sc.carried:])
+	if n == 0 && readErr != nil {
 		s.mu.Lock()
-		if writeErr != nil && !s.closingLocked() {
-			// The client is gone, or took nothing within
-			// client_write_timeout. Closing its connection wakes serve,
-			// whose finish takes sc over. serve may be blocked writing
-			// the client's requests to the server, which does not read
-			// them while its own output waits: the deadline ends that
-			// write.
-			s.endLocked(stateClosing)
-			if s.writing {
-				_ = sc.conn.SetWriteDeadline(time.Now())
-			}
-			s.mu.Unlock()
-			s.closeSocket()
-			return
-		}
 		if s.closingLocked() {
 			s.mu.Unlock()
-			return
+			return readerDone // finish takes sc over
 		}
-		if readies > 0 {
-			s.watchIdleInTransactionLocked()
-			s.queryAnsweredLocked()
-		}
-		if readies > 0 && s.mode == config.PoolerModeSession && (s.pooler.draining.Load() || sc.pool.removed.Load()) {
+		if s.woken && isTimeout(readErr) {
+			s.woken = false
+			s.readBudget = false
+			_ = sc.conn.SetReadDeadline(time.Time{})
+			if s.queryTimedOut {
+				s.endTimedOutQueryLocked(sc)
+				return readerDone // finish takes sc over
+			}
+			if s.link.syntheticDue() && s.writeSyntheticLocked(sc) {
+				return readerDone
+			}
+			if s.releaseIfAtRestLocked(sc) {
+				return readerDone
+			}
 			s.mu.Unlock()
-			s.endIfLeaving(sc.pool)
-			continue
+			if inline {
+				return readerHandsOff
+			}
+			return readerReads
 		}
-		if readies > 0 && s.releaseIfAtRestLocked(sc) {
-			return
+		if inline && s.readBudget && isTimeout(readErr) {
+			s.mu.Unlock()
+			return readerHandsOff
 		}
 		s.mu.Unlock()
+		s.dropServer(sc, readErr)
+		return readerDone
 	}
+	total := sc.carried + n
+	sc.carried = 0
+	s.mu.Lock()
+	forward, err := s.takeServerChunkLocked(sc, sc.buf[:total])
+	readies, idleReadies := s.link.takeReadies()
+	s.mu.Unlock()
+	if err != nil {
+		s.dropServer(sc, err)
+		return readerDone
+	}
+	var writeErr error
+	if len(forward) > 0 {
+		writeErr = s.write(forward)
+	}
+	if partial := sc.scanner.UnreportedLen(); partial > 0 {
+		// Held back until the header is whole, so that a reply to be
+		// swallowed is never half forwarded; scanned again next time.
+		sc.carried = copy(sc.buf, sc.buf[total-partial:total])
+		sc.scanner.DropUnreported()
+	}
+	sc.pool.stats.stripe(s.processID).bytesSent.Add(uint64(len(forward)))
+	if readies > 0 {
+		s.countReadies(sc, readies, idleReadies)
+	}
+
+	s.mu.Lock()
+	if writeErr != nil && !s.closingLocked() {
+		// The client is gone, or took nothing within
+		// client_write_timeout. Closing its connection wakes serve,
+		// whose finish takes sc over. serve may be blocked writing
+		// the client's requests to the server, which does not read
+		// them while its own output waits: the deadline ends that
+		// write.
+		s.endLocked(stateClosing)
+		if s.writing {
+			_ = sc.conn.SetWriteDeadline(time.Now())
+		}
+		s.mu.Unlock()
+		s.closeSocket()
+		return readerDone
+	}
+	if s.closingLocked() {
+		s.mu.Unlock()
+		return readerDone
+	}
+	if readies > 0 {
+		s.watchIdleInTransactionLocked()
+		s.queryAnsweredLocked()
+	}
+	if readies > 0 && s.mode == config.PoolerModeSession && (s.pooler.draining.Load() || sc.pool.removed.Load()) {
+		s.mu.Unlock()
+		s.endIfLeaving(sc.pool)
+		return readerReads
+	}
+	if readies > 0 && s.releaseIfAtRestLocked(sc) {
+		return readerDone
+	}
+	if inline && (s.link.owed() == nil || !s.link.finishable() || !s.readBudget) {
+		// Waiting for the client now (or the budget's deadline went
+		// with a probe): a reader of its own waits for the server.
+		s.mu.Unlock()
+		return readerHandsOff
+	}
+	s.mu.Unlock()
+	return readerReads
 }
 
 // takeServerChunkLocked passes each message of a chunk of server output
@@ -1265,7 +1382,7 @@ func (s *session) releaseAfterProbeLocked(sc *ServerConn, clean bool) bool {
 	// end a read deadline (the wake-up it gave again): none may go to the
 	// pool with the connection.
 	_ = sc.conn.SetDeadline(time.Time{})
-	s.woken = false
+	s.woken, s.readBudget = false, false
 	s.releaseLocked(sc)
 	return true
 }
@@ -1301,8 +1418,8 @@ func (s *session) mayReleaseLocked() bool {
 // releaseLocked unlinks sc and gives it back to the pool. s.mu must be held
 // by readServer; it is released.
 func (s *session) releaseLocked(sc *ServerConn) {
-	if s.woken {
-		s.woken = false
+	if s.woken || s.readBudget {
+		s.woken, s.readBudget = false, false
 		_ = sc.conn.SetReadDeadline(time.Time{})
 	}
 	s.server = nil

@@ -257,6 +257,10 @@ type session struct {
 	// connection to make readServer look at the session again
 	// (wakeReaderLocked); readServer clears both.
 	woken bool
+	// readBudget says the server connection's read deadline is the budget
+	// of a read on the serve goroutine (readServerInline), which whoever
+	// ends that read clears. Under mu.
+	readBudget bool
 	// cancelsInFlight counts cancel requests being forwarded to the linked
 	// server; the link is not released until they are delivered.
 	cancelsInFlight int

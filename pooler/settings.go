@@ -301,6 +301,7 @@ func (s *session) probeAtRest(sc *ServerConn) (release bool, err error) {
 
 	s.mu.Lock()
 	s.probing = false
+	s.readBudget = false // the probe's deadlines replaced it
 	s.cond.Broadcast()
 	if s.woken {
 		// A wake-up came during the probe: one that ends the session
