@@ -116,3 +116,24 @@ func TestClientGoneDuringInlineRead(t *testing.T) {
 		t.Errorf("next client served by backend %d, want the reused %d", pid, server.pid)
 	}
 }
+
+// TestEditedLen: the length the inline decision weighs is what is written
+// (editedBuffers), injected Parses included, not the client's chunk.
+func TestEditedLen(t *testing.T) {
+	s := &session{editBytes: make([]byte, 10000)}
+	chunk := make([]byte, 100)
+	for _, edits := range [][]edit{
+		nil,
+		{{start: 10, end: 10, from: 0, to: 8000}},                                      // an injected Parse
+		{{start: 0, end: 20, from: 0, to: 5}, {start: 50, end: 50, from: 5, to: 4005}}, // a rename, then an insert
+		{{start: 0, end: 100, from: 0, to: 0}},                                         // all taken out
+	} {
+		written := 0
+		for _, b := range s.editedBuffers(chunk, edits) {
+			written += len(b)
+		}
+		if got := editedLen(chunk, edits); got != written {
+			t.Errorf("editedLen with %+v = %d, editedBuffers writes %d", edits, got, written)
+		}
+	}
+}

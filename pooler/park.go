@@ -97,9 +97,9 @@ type parker struct {
 	// sessions is the sweep's scratch, owned by run.
 	sessions []*session
 	// Owned by run: the fewest sessions parked at a look since the last
-	// memory release, how many were parked then and when it began
-	// (releaseMemoryIfParkedMany), and when to look next (zero: after the
-	// next sweep that asks sessions to park). releasing: one is under way.
+	// memory release, how many were parked at that release and when it
+	// began (releaseMemoryIfParkedMany), and when to look again between
+	// sweeps (zero: none due). releasing: one is under way.
 	parkedLow       int64
 	parkedAtRelease int64
 	lastRelease     time.Time
@@ -180,6 +180,9 @@ func (pk *parker) run() {
 		}
 		if now.Sub(lastSweep) >= pk.tuning.sweep {
 			lastSweep = now
+			// Every sweep looks too: a release refused for its interval,
+			// or while one ran, comes at a later sweep.
+			pk.releaseMemoryIfParkedMany(now)
 			if pk.sweepIdleSessions() > 0 {
 				pk.releaseLook = now.Add(parkReleaseDelay)
 			}
@@ -377,15 +380,15 @@ func (p *Pooler) ClientParking() ClientParking {
 // and the stacks of those parked after its first release would otherwise
 // stay for an interval. So a wave's releases grow geometrically and cost
 // a few times its last. Clients that go idle and busy again over and over
-// do not cause one, since they do not make the parked sessions grow.
+// do not cause one, since they do not make the parked sessions grow past
+// the fewest seen, nor past those parked at the last release.
 func (pk *parker) releaseMemoryIfParkedMany(now time.Time) {
 	parked := pk.parked.Load()
 	pk.parkedLow = min(pk.parkedLow, parked)
-	grown := parked - pk.parkedLow
-	if grown < pk.tuning.releaseAfter {
+	if parked-pk.parkedLow < pk.tuning.releaseAfter {
 		return
 	}
-	if now.Sub(pk.lastRelease) < pk.tuning.releaseInterval && 4*grown < pk.parkedAtRelease {
+	if now.Sub(pk.lastRelease) < pk.tuning.releaseInterval && 4*(parked-pk.parkedAtRelease) < pk.parkedAtRelease {
 		return
 	}
 	if !pk.releasing.CompareAndSwap(false, true) {

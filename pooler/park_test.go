@@ -275,3 +275,39 @@ func TestParkingReleasesMemory(t *testing.T) {
 		t.Errorf("%d memory releases after one more client parked, want 1", got)
 	}
 }
+
+// TestParkingReleasesAgainWhileAWaveGrows: a wave that goes on parking
+// after a memory release (a quarter more than were parked then) is
+// released again before the interval, so the stacks of the sessions
+// parked after the first release do not wait for it; the same sessions
+// going busy and idle again cause none.
+func TestParkingReleasesAgainWhileAWaveGrows(t *testing.T) {
+	h := newParkingHarnessTuned(t, nil, parkTuning{sweep: 20 * time.Millisecond, releaseAfter: 3, releaseInterval: time.Hour})
+	var conns []*pgconn.PgConn
+	park := func(n int) {
+		for range n {
+			conn := h.connect()
+			mustExec(t, conn, "SELECT 1")
+			conns = append(conns, conn)
+		}
+		h.waitParked(int64(len(conns)))
+	}
+	park(4)
+	waitFor(t, "a memory release", func() bool { return h.p.ClientParking().MemoryReleases >= 1 })
+	time.Sleep(100 * time.Millisecond) // the looks after the last parkings
+	first := h.p.ClientParking().MemoryReleases
+	park(4)
+	waitFor(t, "a second release, an hour before the interval ends", func() bool {
+		return h.p.ClientParking().MemoryReleases > first
+	})
+	time.Sleep(100 * time.Millisecond)
+	grown := h.p.ClientParking().MemoryReleases
+	for _, conn := range conns {
+		mustExec(t, conn, "SELECT 1")
+		h.waitParked(int64(len(conns)))
+	}
+	time.Sleep(100 * time.Millisecond) // five sweeps, each of which could release
+	if got := h.p.ClientParking().MemoryReleases; got != grown {
+		t.Errorf("%d memory releases after the same clients went busy and idle again, want %d", got, grown)
+	}
+}

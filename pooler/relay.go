@@ -596,19 +596,19 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 		}
 		s.linkServer(sc)
 		linked = true
-		if len(chunk) > inlineChunkMax {
-			// The server may answer the first requests of a long chunk
-			// before it has read the rest, and stop reading while its
-			// output waits to be read: the reader must run during the
-			// write.
-			s.startReaderLocked(sc)
-			linked = false
-		}
 	}
 	sc := s.server
 	// Told before the bytes are written, so that no reply can arrive for
 	// a request the link does not know of.
 	edits := s.planChunkLocked(sc, summary, chunk)
+	if linked && editedLen(chunk, edits) > inlineChunkMax {
+		// The server may answer the first requests of a long write (the
+		// chunk with the Parses pgtender injects) before it has read the
+		// rest, and stop reading while its output waits to be read: the
+		// reader must run during the write.
+		s.startReaderLocked(sc)
+		linked = false
+	}
 	s.startQueryClockLocked()
 	if summary.mayChangeSession {
 		s.settingsMayHaveChanged = true
@@ -677,6 +677,16 @@ func (s *session) writeEdited(conn net.Conn, chunk []byte, edits []edit) error {
 	}
 	_, err := buffers.WriteTo(conn)
 	return err
+}
+
+// editedLen is the length of chunk with the edits made: what writeEdited
+// writes.
+func editedLen(chunk []byte, edits []edit) int {
+	n := len(chunk)
+	for _, e := range edits {
+		n += (e.to - e.from) - (e.end - e.start)
+	}
+	return n
 }
 
 // editedBuffers returns chunk with the edits made, as the pieces to write.
@@ -817,11 +827,12 @@ func (s *session) startReaderLocked(sc *ServerConn) {
 	go s.readServer(sc)
 }
 
-// inlineChunkMax is the longest chunk of client bytes written to a freshly
-// linked server connection before its reader starts. A server that has
-// read everything sent before (as one at the release point has) takes a
-// chunk this short into its socket's receive buffer whatever it does, so
-// the write cannot wait for the server to be read.
+// inlineChunkMax is the longest write (the client's chunk with pgtender's
+// edits, editedLen) to a freshly linked server connection before its
+// reader starts. A server that has read everything sent before (as one at
+// the release point has) takes a write this short into its socket's
+// receive buffer whatever it does, so the write cannot wait for the
+// server to be read.
 const inlineChunkMax = 4096
 
 // inlineReadBudget bounds a read of the server on the serve goroutine
@@ -846,7 +857,7 @@ func (s *session) readInlineLocked(sc *ServerConn) bool {
 	if budget == 0 {
 		budget = inlineReadBudget
 	}
-	if budget < 0 || s.mode != config.PoolerModeTransaction || s.closingLocked() || s.server != sc ||
+	if budget < 0 || s.mode != config.PoolerModeTransaction || s.stateLocked() >= stateShuttingDown || s.server != sc ||
 		s.link.owed() == nil || !s.link.finishable() || s.link.syntheticDue() || s.woken {
 		return false
 	}
