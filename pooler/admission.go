@@ -449,10 +449,11 @@ func newQueueAgeReader() *queueAgeReader {
 }
 
 // readInfo is getsockopt(TCP_INFO) into r.info (unix.GetsockoptTCPInfo
-// would allocate the struct at every call).
+// would allocate the struct at every call). A raw call, as every direct
+// system call of this package is (rawsocket.go): getsockopt never sleeps.
 func (r *queueAgeReader) readInfo(fd uintptr) {
 	length := uint32(unsafe.Sizeof(r.info))
-	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_TCP, unix.TCP_INFO,
+	_, _, errno := unix.RawSyscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_TCP, unix.TCP_INFO,
 		uintptr(unsafe.Pointer(&r.info)), uintptr(unsafe.Pointer(&length)), 0)
 	r.infoErr = nil
 	if errno != 0 {

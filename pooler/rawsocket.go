@@ -22,6 +22,18 @@ import (
 // more than the call. The relay's hot reads and writes make the same
 // calls through syscall.RawConn with unix.RawSyscall instead: the poller
 // still waits for readiness on EAGAIN, and deadlines work as for net.Conn.
+//
+// Entering the syscall state also wakes sysmon when it sleeps because
+// every P was idle, and a woken sysmon polls again at its shortest
+// interval (20 µs in Go's runtime/proc.go) until fifty polls in a row
+// found nothing to take back; a pooler serving one
+// client at a time goes idle at every round trip, so a single such call
+// per transaction (the checkout's liveness peek was one) keeps sysmon
+// awake for good. So every system call this package makes by number is a
+// raw one (TestDirectSyscallsAreRaw). What still enters the syscall state
+// is off the path of a transaction: the net package's accept and close,
+// the login's reads (loginReader reads net.Conn), unix's wrappers in
+// listener setup and the parker's epoll calls (park.go).
 
 // rawRead is one read(2) of a non-blocking socket. Reading into nothing
 // reads nothing, as read(2) of zero bytes does.

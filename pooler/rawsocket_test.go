@@ -3,8 +3,13 @@ package pooler
 import (
 	"bytes"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"net"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -108,5 +113,48 @@ func TestPlainServerConnectionsUseRawSockets(t *testing.T) {
 	defer h.pool().Release(sc)
 	if sc.in == nil || sc.out == nil {
 		t.Fatalf("server connection over %T reads and writes through net.Conn", sc.conn)
+	}
+}
+
+// Every system call the package makes itself is a raw one (rawsocket.go
+// says why: one call that enters the syscall state per transaction keeps
+// the runtime's sysmon thread polling at its shortest interval). The rule
+// is checked on the source: a non-test file calling unix.Syscall,
+// unix.Syscall6, syscall.Syscall or syscall.Syscall6 fails it.
+func TestDirectSyscallsAreRaw(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	checked := 0
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checked++
+		ast.Inspect(file, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			pkg, ok := sel.X.(*ast.Ident)
+			if !ok || (pkg.Name != "unix" && pkg.Name != "syscall") {
+				return true
+			}
+			switch sel.Sel.Name {
+			case "Syscall", "Syscall6":
+				t.Errorf("%s: %s.%s enters the scheduler's syscall state; use %s.Raw%s for a call that never sleeps",
+					fset.Position(sel.Pos()), pkg.Name, sel.Sel.Name, pkg.Name, sel.Sel.Name)
+			}
+			return true
+		})
+	}
+	if checked == 0 {
+		t.Fatal("no source files found")
 	}
 }
