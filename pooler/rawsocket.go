@@ -25,15 +25,16 @@ import (
 //
 // Entering the syscall state also wakes sysmon when it sleeps because
 // every P was idle, and a woken sysmon polls again at its shortest
-// interval (20 µs in Go's runtime/proc.go) until fifty polls in a row
-// found nothing to take back; a pooler serving one
-// client at a time goes idle at every round trip, so a single such call
-// per transaction (the checkout's liveness peek was one) keeps sysmon
-// awake for good. So every system call this package makes by number is a
-// raw one (TestDirectSyscallsAreRaw). What still enters the syscall state
-// is off the path of a transaction: the net package's accept and close,
-// the login's reads (loginReader reads net.Conn), unix's wrappers in
-// listener setup and the parker's epoll calls (park.go).
+// interval (Go's runtime/proc.go, sysmon) until fifty polls in a row find
+// nothing to take back. A pooler serving one client at a time goes idle
+// at every round trip, so a single such call per transaction (the
+// checkout's liveness peek was one) keeps sysmon polling for good. So
+// every system call this package makes by number is a raw one
+// (TestDirectSyscallsAreRaw). What still enters the syscall state: TLS
+// connections' reads and writes (crypto/tls over net.Conn), the net
+// package's accept and close, the login's reads (loginReader reads
+// net.Conn), unix's wrappers in listener setup and the parker's epoll
+// calls (park.go).
 
 // rawRead is one read(2) of a non-blocking socket. Reading into nothing
 // reads nothing, as read(2) of zero bytes does.

@@ -434,10 +434,8 @@ func (p *socketPeeker) peekOrWait(fd uintptr) bool {
 func (p *socketPeeker) peekOnce(fd uintptr) bool {
 	for {
 		// No address asked for, so that nothing is allocated for one
-		// (unix.Recvfrom always decodes one). A raw call, as the relay's
-		// reads and writes are (rawsocket.go): MSG_DONTWAIT never sleeps,
-		// and a call that enters the syscall state would wake sysmon at
-		// every checkout of a lightly loaded pooler.
+		// (unix.Recvfrom always decodes one). A raw call (rawsocket.go
+		// says why): MSG_DONTWAIT never sleeps.
 		n, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.probe[0])), 1,
 			unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 		switch {
