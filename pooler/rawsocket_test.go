@@ -3,6 +3,7 @@ package pooler
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -33,15 +34,7 @@ func TestSocketReaderAndWriterBehaveAsNetConn(t *testing.T) {
 		}
 		written <- err
 	}()
-	var got []byte
-	buf := make([]byte, 64<<10)
-	for len(got) < len(payload) {
-		n, err := reader.read(buf)
-		if err != nil {
-			t.Fatalf("read after %d bytes: %v", len(got), err)
-		}
-		got = append(got, buf[:n]...)
-	}
+	got := readBytes(t, reader, len(payload))
 	if err := <-written; err != nil {
 		t.Fatalf("write: %v", err)
 	}
@@ -50,6 +43,7 @@ func TestSocketReaderAndWriterBehaveAsNetConn(t *testing.T) {
 	}
 
 	// A read deadline ends a read that finds nothing, as a timeout.
+	buf := make([]byte, 64<<10)
 	_ = b.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 	if _, err := reader.read(buf); !isTimeout(err) {
 		t.Fatalf("read past its deadline: %v, want a timeout", err)
@@ -79,6 +73,72 @@ func TestSocketReaderAndWriterBehaveAsNetConn(t *testing.T) {
 	if n, err := reader.read(nil); n != 0 || !errors.Is(err, io.EOF) {
 		t.Fatalf("read into nothing: %d, %v", n, err)
 	}
+}
+
+// writeBuffers delivers every piece in order, as net.Buffers.WriteTo does:
+// more pieces than one writev(2) takes, empty ones, and a total larger
+// than the socket buffers (so that the socket takes part of a piece and
+// the writer waits); a deadline ends it with a timeout; and it keeps none
+// of the pieces alive after it returns.
+func TestSocketWriterWritesBuffersAsNetBuffers(t *testing.T) {
+	b, client := tcpPair(t)
+	a := client.(*net.TCPConn)
+	writer, reader := newSocketWriter(a), newSocketReader(b)
+
+	var pieces net.Buffers
+	var want []byte
+	for i := range 3 * maxIovecs {
+		var piece []byte
+		switch i % 3 {
+		case 0: // empty
+		case 1:
+			piece = []byte{byte(i), byte(i >> 8)}
+		case 2:
+			piece = bytes.Repeat([]byte{byte(i)}, 7919) // prime: pieces end anywhere in a write
+		}
+		pieces = append(pieces, piece)
+		want = append(want, piece...)
+	}
+	written := make(chan error, 1)
+	go func() {
+		n, err := writer.writeBuffers(pieces)
+		if err == nil && n != len(want) {
+			err = fmt.Errorf("wrote %d of %d bytes", n, len(want))
+		}
+		written <- err
+	}()
+	got := readBytes(t, reader, len(want))
+	if err := <-written; err != nil {
+		t.Fatalf("writeBuffers: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the bytes read are not the pieces written, in order")
+	}
+	for i, iovec := range writer.iovecs[:cap(writer.iovecs)] {
+		if iovec.Base != nil {
+			t.Fatalf("iovec %d still points at a piece after the write", i)
+		}
+	}
+
+	_ = a.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := writer.writeBuffers(pieces); !isTimeout(err) {
+		t.Fatalf("writeBuffers nobody reads, past its deadline: %v, want a timeout", err)
+	}
+}
+
+// readBytes reads n bytes from reader.
+func readBytes(t *testing.T, reader *socketReader, n int) []byte {
+	t.Helper()
+	got := make([]byte, 0, n)
+	buf := make([]byte, 64<<10)
+	for len(got) < n {
+		m, err := reader.read(buf)
+		if err != nil {
+			t.Fatalf("read after %d bytes: %v", len(got), err)
+		}
+		got = append(got, buf[:m]...)
+	}
+	return got
 }
 
 // A write to a socket whose peer reset it fails with the errno net.Conn

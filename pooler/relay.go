@@ -624,7 +624,7 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 	if len(edits) == 0 {
 		_, err = sc.write(chunk)
 	} else {
-		err = s.writeEdited(sc.conn, chunk, edits)
+		err = s.writeEdited(sc, chunk, edits)
 	}
 	sc.pool.stats.stripe(s.processID).bytesReceived.Add(uint64(len(chunk)))
 
@@ -668,14 +668,14 @@ func (s *session) forwardClientBytes(chunk []byte) error {
 // client's statement.
 var closeUnnamedStatement = wire.AppendClose(nil, wire.TargetStatement, nil)
 
-// writeEdited writes chunk to conn with the edits planChunkLocked made,
+// writeEdited writes chunk to sc with the edits planChunkLocked made,
 // in one writev.
-func (s *session) writeEdited(conn net.Conn, chunk []byte, edits []edit) error {
+func (s *session) writeEdited(sc *ServerConn, chunk []byte, edits []edit) error {
 	buffers := s.editedBuffers(chunk, edits)
 	if len(buffers) == 0 {
 		return nil
 	}
-	_, err := buffers.WriteTo(conn)
+	_, err := sc.writeBuffers(buffers)
 	return err
 }
 

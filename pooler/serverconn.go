@@ -96,6 +96,16 @@ func (sc *ServerConn) write(b []byte) (int, error) {
 	return sc.conn.Write(b)
 }
 
+// writeBuffers writes all of pieces to the server, in order, in one
+// writev(2) where the socket takes them all.
+func (sc *ServerConn) writeBuffers(pieces net.Buffers) (int, error) {
+	if sc.out != nil {
+		return sc.out.writeBuffers(pieces)
+	}
+	n, err := pieces.WriteTo(sc.conn)
+	return int(n), err
+}
+
 // serverEndpoint is everything needed to open a server connection.
 type serverEndpoint struct {
 	host           string
