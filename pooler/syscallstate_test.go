@@ -65,7 +65,12 @@ func TestRelayEntersNoSyscallState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	syscalls, ours := 0, 0
+	// seen counts pgtender's goroutines' transitions of any kind (they
+	// block on their sockets at every round trip), and readerSeen a reader
+	// goroutine's: both prove that the stacks are pgtender's as the
+	// filter names them, and that the transaction's replies took the
+	// reader goroutine's path.
+	syscalls, ours, seen, readerSeen := 0, 0, 0, 0
 	for {
 		ev, err := reader.ReadEvent()
 		if err == io.EOF {
@@ -81,11 +86,18 @@ func TestRelayEntersNoSyscallState(t *testing.T) {
 		if st.Resource.Kind != exptrace.ResourceGoroutine {
 			continue
 		}
+		stack, reader := pgtenderFrames(st.Stack)
+		if stack != "" {
+			seen++
+		}
+		if reader {
+			readerSeen++
+		}
 		if _, to := st.Goroutine(); to != exptrace.GoSyscall {
 			continue
 		}
 		syscalls++
-		if stack := pgtenderFrames(st.Stack); stack != "" {
+		if stack != "" {
 			ours++
 			if ours <= 3 {
 				t.Errorf("pgtender entered the syscall state during a round trip:\n%s", stack)
@@ -98,21 +110,27 @@ func TestRelayEntersNoSyscallState(t *testing.T) {
 	if syscalls == 0 {
 		t.Fatal("the trace shows no system call at all, though the test client's writes make some")
 	}
+	if seen == 0 || readerSeen == 0 {
+		t.Fatalf("the trace shows %d transitions of pgtender's goroutines, %d of a reader goroutine's: "+
+			"the filter names no goroutine of pgtender's, or the transaction's replies took no reader goroutine", seen, readerSeen)
+	}
 }
 
 // pgtenderFrames is stack written out when one of its frames is a method
-// of the relay's (a session's or a server connection's), or "".
-func pgtenderFrames(stack exptrace.Stack) string {
+// of the relay's (a session's or a server connection's), or ""; reader
+// tells whether it is a reader goroutine's (readServer at its root).
+func pgtenderFrames(stack exptrace.Stack) (text string, reader bool) {
 	var b strings.Builder
 	ours := false
 	for frame := range stack.Frames() {
 		if strings.Contains(frame.Func, "pooler.(*session)") || strings.Contains(frame.Func, "pooler.(*ServerConn)") {
 			ours = true
 		}
+		reader = reader || strings.HasSuffix(frame.Func, "pooler.(*session).readServer")
 		fmt.Fprintf(&b, "\t%s %s:%d\n", frame.Func, frame.File, frame.Line)
 	}
 	if !ours {
-		return ""
+		return "", false
 	}
-	return b.String()
+	return b.String(), reader
 }
